@@ -1,0 +1,3 @@
+"""stoker: a Kubernetes operator that keeps vLLM fleets hot."""
+
+__version__ = "0.1.0"

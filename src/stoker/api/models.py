@@ -1,0 +1,546 @@
+"""Pydantic models of the VLLMService custom resource: the single source of truth for its CRD schema.
+
+Cross-field rules exist twice on purpose: as CEL (`x-kubernetes-validations`, enforced by the API server)
+and as pydantic validators (for `stoker render` without a cluster). Both sit on the same class and share
+the message text, so they are read and changed together.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "stoker.dev"
+VERSION = "v1alpha1"
+KIND = "VLLMService"
+PLURAL = "vllmservices"
+SINGULAR = "vllmservice"
+SHORT_NAMES = ["vsvc"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_IMAGE = "ghcr.io/stoker-dev/stoker-vllm:0.22.1"
+DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+# The seed Job is named `<name>-seed-<10 hex>` and its pods carry that name in a 63-character label.
+MAX_NAME_LENGTH = 47
+
+# Flags whose values stoker sets itself (from spec fields) or that would break probes, the seed or the
+# cache key's bookkeeping. vLLM's parser accepts `_` for `-` inside long flags, so both are denied.
+OWNED_FLAGS = (
+    "--model",
+    "--port",
+    "--host",
+    "--uds",
+    "--served-model-name",
+    "--revision",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--tensor-parallel-size",
+    "-tp",
+    "--load-format",
+    "--model-loader-extra-config",
+    "--cudagraph-capture-sizes",
+    "--max-cudagraph-capture-size",
+    "--enforce-eager",
+    "--no-enforce-eager",
+    "-cc.cudagraph_capture_sizes",
+    "-cc.max_cudagraph_capture_size",
+)
+
+
+def _flag_pattern(flag: str) -> str:
+    if flag.startswith("--"):
+        return "--" + "[-_]".join(re.escape(part) for part in flag[2:].split("-"))
+    return re.escape(flag)
+
+
+# RE2 (CEL) and Python `re` agree on this syntax.
+OWNED_FLAG_REGEX = "^(" + "|".join(_flag_pattern(f) for f in OWNED_FLAGS) + ")(=.*)?$"
+
+# Environment variables stoker sets on the engine container; a user value would split seed and serving
+# pods or move the caches off the volume.
+OWNED_ENV = (
+    "VLLM_CACHE_ROOT",
+    "VLLM_ASSETS_CACHE",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "HF_TOKEN",
+)
+
+# Kubernetes' resource.Quantity pattern.
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+
+def _int_to_str(value: object) -> object:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_int_to_str),
+    Field(pattern=QUANTITY_PATTERN),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+FreeFormObject = Annotated[
+    dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+]
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------- spec
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(default="token", min_length=1, max_length=253)
+
+
+class SecretRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class HuggingFaceSource(_Model):
+    """Weights from the Hugging Face hub; the token secret is needed for gated models only."""
+
+    token_secret_ref: SecretKeyRef | None = None
+
+
+_PATH_ESCAPES = "path must not contain '..' segments"
+
+
+class PVCSource(_Model):
+    """Weights on an existing claim, mounted read-only; `path` is the model directory inside it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!self.path.matches('(^|/)[.][.](/|$)')", _PATH_ESCAPES, ".path")
+            ]
+        }
+    )
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    path: str = Field(default="/", max_length=1024)
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> PVCSource:
+        if re.search(r"(^|/)[.][.](/|$)", self.path):
+            raise ValueError(_PATH_ESCAPES)
+        return self
+
+
+class S3Source(_Model):
+    """Weights streamed from object storage by the Run:ai streamer (`s3://bucket/prefix`)."""
+
+    uri: str = Field(pattern=r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$", max_length=1024)
+    credentials_secret_ref: SecretRef | None = Field(
+        default=None, description="Secret whose keys (AWS_ACCESS_KEY_ID, ...) become environment variables."
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=1024, description="AWS_ENDPOINT_URL, for S3-compatible stores."
+    )
+
+
+_ONE_SOURCE = "exactly one of huggingFace, pvc or s3 must be set"
+
+
+class ModelSource(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(has(self.huggingFace) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.s3) ? 1 : 0) == 1",
+                    _ONE_SOURCE,
+                )
+            ]
+        }
+    )
+
+    hugging_face: HuggingFaceSource | None = None
+    pvc: PVCSource | None = None
+    s3: S3Source | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if sum(source is not None for source in (self.hugging_face, self.pvc, self.s3)) != 1:
+            raise ValueError(_ONE_SOURCE)
+        return self
+
+
+class ModelSpec(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Model id (e.g. meta-llama/Llama-3.1-8B-Instruct); the default served model name.",
+    )
+    revision: str | None = Field(default=None, min_length=1, max_length=256)
+    served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    source: ModelSource = Field(default_factory=lambda: ModelSource(hugging_face=HuggingFaceSource()))
+
+
+class Toleration(_Model):
+    key: str | None = Field(default=None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(_Model):
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
+
+
+_VALUE_XOR_VALUE_FROM = "value and valueFrom are mutually exclusive"
+
+
+class EnvVar(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!(has(self.value) && has(self.valueFrom))", _VALUE_XOR_VALUE_FROM)
+            ]
+        }
+    )
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)
+    value: str | None = Field(default=None, max_length=32768)
+    value_from: FreeFormObject | None = Field(default=None, description="A core/v1 EnvVarSource.")
+
+    @model_validator(mode="after")
+    def _value_xor_value_from(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(_VALUE_XOR_VALUE_FROM)
+        return self
+
+
+_TP_DIVIDES_GPUS = "tensorParallelSize must divide gpus"
+_NO_OWNED_FLAGS = "extraArgs must not set flags stoker owns: " + ", ".join(OWNED_FLAGS)
+_NO_OWNED_ENV = "env must not set variables stoker owns: " + ", ".join(OWNED_ENV)
+_UNIQUE_ENV = "env names must be unique"
+
+
+def _quoted_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+class RuntimeSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
+                    _TP_DIVIDES_GPUS,
+                    ".tensorParallelSize",
+                ),
+                _cel(
+                    f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
+                    _NO_OWNED_FLAGS,
+                    ".extraArgs",
+                ),
+                _cel(
+                    f"!has(self.env) || self.env.all(e, !(e.name in {_quoted_list(OWNED_ENV)}))",
+                    _NO_OWNED_ENV,
+                    ".env",
+                ),
+                _cel(
+                    "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+                    _UNIQUE_ENV,
+                    ".env",
+                ),
+            ]
+        }
+    )
+
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
+    replicas: int = Field(default=1, ge=0, le=1000)
+    gpus: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=16, description="Defaults to gpus.")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    resources: Resources = Field(default_factory=Resources)
+    max_model_len: int | None = Field(default=None, ge=1, le=16_777_216)
+    gpu_memory_utilization: float | None = Field(default=None, ge=0.05, le=1.0)
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=64)
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+
+    @property
+    def effective_tensor_parallel_size(self) -> int:
+        return self.tensor_parallel_size or self.gpus
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RuntimeSpec:
+        if self.tensor_parallel_size and self.gpus % self.tensor_parallel_size:
+            raise ValueError(_TP_DIVIDES_GPUS)
+        if any(re.match(OWNED_FLAG_REGEX, arg) for arg in self.extra_args):
+            raise ValueError(_NO_OWNED_FLAGS)
+        names = [env.name for env in self.env]
+        if set(names) & set(OWNED_ENV):
+            raise ValueError(_NO_OWNED_ENV)
+        if len(set(names)) != len(names):
+            raise ValueError(_UNIQUE_ENV)
+        return self
+
+
+_STREAMER_ONLY = "concurrency and memoryLimitBytes apply only to format runai_streamer"
+
+
+class LoaderSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.format == 'runai_streamer' || (!has(self.concurrency) && !has(self.memoryLimitBytes))",
+                    _STREAMER_ONLY,
+                )
+            ]
+        }
+    )
+
+    format: Literal["runai_streamer", "auto", "safetensors", "fastsafetensors"] = "runai_streamer"
+    concurrency: int | None = Field(
+        default=None, ge=1, le=256, description="Streamer reader threads (streamer default: 16)."
+    )
+    memory_limit_bytes: int | None = Field(
+        default=None, ge=-1, description="Streamer CPU buffer cap in bytes; -1 = unlimited."
+    )
+
+    @model_validator(mode="after")
+    def _streamer_only(self) -> LoaderSpec:
+        if self.format != "runai_streamer" and (
+            self.concurrency is not None or self.memory_limit_bytes is not None
+        ):
+            raise ValueError(_STREAMER_ONLY)
+        return self
+
+
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+
+
+class CompileCacheSpec(_Model):
+    """The volume behind VLLM_CACHE_ROOT (torch.compile, Triton, Inductor and model-info caches)."""
+
+    enabled: bool = True
+    size: Quantity = "20Gi"
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    access_mode: AccessMode = "ReadWriteMany"
+
+
+class ModelCacheSpec(_Model):
+    """A volume for HF_HOME: weights are downloaded once and served offline afterwards."""
+
+    enabled: bool = False
+    size: Quantity = "40Gi"
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    access_mode: AccessMode = "ReadWriteMany"
+
+
+_ONE_GRAPH_SETTING = "exactly one of captureSizes, maxCaptureSize or mode must be set"
+_SORTED_SIZES = "captureSizes must be strictly increasing (sorted, no duplicates)"
+
+
+class CudaGraphsSpec(_Model):
+    """CUDA-graph capture: an explicit size list, a maximum size, or eager mode (no graphs, no compile)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(has(self.captureSizes) ? 1 : 0) + (has(self.maxCaptureSize) ? 1 : 0)"
+                    " + (has(self.mode) ? 1 : 0) == 1",
+                    _ONE_GRAPH_SETTING,
+                ),
+                _cel(
+                    "!has(self.captureSizes) || (self.captureSizes.isSorted()"
+                    " && self.captureSizes.all(s, self.captureSizes.exists_one(t, t == s)))",
+                    _SORTED_SIZES,
+                    ".captureSizes",
+                ),
+            ]
+        }
+    )
+
+    capture_sizes: list[Annotated[int, Field(ge=1, le=8192)]] | None = Field(
+        default=None, min_length=1, max_length=64
+    )
+    max_capture_size: int | None = Field(default=None, ge=1, le=8192)
+    mode: Literal["eager"] | None = None
+
+    @model_validator(mode="after")
+    def _one_setting(self) -> CudaGraphsSpec:
+        settings = (self.capture_sizes, self.max_capture_size, self.mode)
+        if sum(setting is not None for setting in settings) != 1:
+            raise ValueError(_ONE_GRAPH_SETTING)
+        if self.capture_sizes is not None and any(
+            a >= b for a, b in zip(self.capture_sizes, self.capture_sizes[1:], strict=False)
+        ):
+            raise ValueError(_SORTED_SIZES)
+        return self
+
+
+class SeedSpec(_Model):
+    enabled: bool = Field(default=True, description="Compile into the cache once, in a Job, before serving.")
+    gate_rollout: bool = Field(
+        default=True, description="Hold serving pods at 0 until the seed Job succeeded."
+    )
+
+
+class ColdStartSpec(_Model):
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    compile_cache: CompileCacheSpec = Field(default_factory=CompileCacheSpec)
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
+    cuda_graphs: CudaGraphsSpec = Field(
+        default_factory=lambda: CudaGraphsSpec(capture_sizes=list(DEFAULT_CAPTURE_SIZES))
+    )
+    seed: SeedSpec = Field(default_factory=SeedSpec)
+
+
+_MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
+
+
+class VLLMServiceSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!self.coldStart.modelCache.enabled || has(self.model.source.huggingFace)",
+                    _MODEL_CACHE_NEEDS_HF,
+                    ".coldStart.modelCache.enabled",
+                )
+            ]
+        }
+    )
+
+    model: ModelSpec
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    cold_start: ColdStartSpec = Field(default_factory=ColdStartSpec)
+
+    @model_validator(mode="after")
+    def _model_cache_needs_hf(self) -> VLLMServiceSpec:
+        if self.cold_start.model_cache.enabled and self.model.source.hugging_face is None:
+            raise ValueError(_MODEL_CACHE_NEEDS_HF)
+        return self
+
+
+# -------------------------------------------------------------------------------------------- status
+
+
+class _StatusModel(BaseModel):
+    # Status is written by the controller and read back; unknown fields from newer versions are ignored.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(_StatusModel):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(default="", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime | None = None
+    observed_generation: int | None = None
+
+
+class CacheStatus(_StatusModel):
+    key: str | None = None
+    seeded_key: str | None = None
+    seeded_at: datetime | None = None
+    last_hit: bool | None = None
+
+
+class StartupRecord(_StatusModel):
+    pod: str | None = None
+    total_seconds: float | None = None
+    compile_cache: Literal["hit", "miss", "none"] | None = None
+    phases: dict[str, float] = Field(default_factory=dict)
+    failed: bool | None = None
+    reason: str | None = None
+    finished_at: datetime | None = None
+
+
+class StartupSummary(_StatusModel):
+    samples: int = 0
+    p50_total_seconds: float | None = None
+    max_total_seconds: float | None = None
+
+
+class StartupStatus(_StatusModel):
+    last: StartupRecord | None = None
+    seed: StartupRecord | None = None
+    recent: StartupSummary | None = None
+
+
+class VLLMServiceStatus(_StatusModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    standby_replicas: int | None = None
+    selector: str | None = None
+    cache: CacheStatus | None = None
+    startup: StartupStatus | None = None
+
+
+# ------------------------------------------------------------------------------------------ resource
+
+_DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_NAME_RULES = [
+    _cel(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child names add a suffix)",
+    ),
+    _cel(
+        f"self.metadata.name.matches('{_DNS_1035}')",
+        "metadata.name must be a DNS-1035 label (it names a Service)",
+    ),
+]
+
+
+class VLLMService(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        json_schema_extra={"x-kubernetes-validations": _NAME_RULES},
+    )
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: VLLMServiceSpec
+    status: VLLMServiceStatus | None = None
+
+    @model_validator(mode="after")
+    def _valid_name(self) -> VLLMService:
+        name = self.metadata.get("name")
+        if name is not None and (len(name) > MAX_NAME_LENGTH or not re.fullmatch(_DNS_1035, name)):
+            raise ValueError(
+                f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str | None:
+        namespace = self.metadata.get("namespace")
+        return str(namespace) if namespace else None

@@ -1,0 +1,61 @@
+"""kopf handlers: thin triggers for the one reconcile. None of them branches on the event type."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from stoker.api import GROUP, PLURAL, VERSION
+from stoker.controller.reconcile import InvalidSpec, Reconciler
+from stoker.controller.settings import OperatorSettings
+
+MANAGED = {"app.kubernetes.io/managed-by": "stoker"}
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+WAIT_RETRY_SECONDS = 10
+
+
+def configure(settings: kopf.OperatorSettings, operator: OperatorSettings) -> None:
+    """kopf's own state lives under the project's API group; only warnings become kopf Events."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = operator.workers
+    settings.watching.server_timeout = 300
+
+
+def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
+    """Register the handlers on kopf's default registry (it carries kopf's login handlers)."""
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL)
+    @kopf.on.create(GROUP, VERSION, PLURAL)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+    def reconcile_service(namespace: str, name: str, **_: Any) -> None:
+        try:
+            outcome = reconciler.reconcile(namespace, name)
+        except InvalidSpec as error:
+            raise kopf.PermanentError(str(error)) from None
+        if outcome.waiting_for:
+            raise kopf.TemporaryError(f"Waiting for {outcome.waiting_for}", delay=WAIT_RETRY_SECONDS)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, idle=None)
+    def correct_drift(namespace: str, name: str, **_: Any) -> None:
+        try:
+            reconciler.reconcile(namespace, name)
+        except InvalidSpec:
+            pass  # already reported in status and as an Event; retrying changes nothing
+
+    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+    @kopf.on.event("v1", "pods", labels=MANAGED)
+    def child_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+        owner = labels.get(INSTANCE_LABEL)
+        if owner:
+            try:
+                reconciler.reconcile(namespace, owner)
+            except InvalidSpec:
+                pass

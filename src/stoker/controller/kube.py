@@ -1,0 +1,138 @@
+"""Thin access to the API server: server-side apply, reads, status patches, pod logs and events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from stoker.api import GROUP, KIND, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+Manifest = dict[str, Any]
+
+
+def load_config() -> None:
+    """In a pod, the service account; elsewhere, $KUBECONFIG or ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, field_manager: str, api_client: client.ApiClient | None = None) -> None:
+        self.api_client = api_client or client.ApiClient()
+        self.dynamic = DynamicClient(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.field_manager = field_manager
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def apply(self, obj: Manifest) -> Manifest:
+        """Server-side apply with the operator's one field manager; it wins conflicts on its own fields."""
+        meta = obj["metadata"]
+        result = self._resource(obj["apiVersion"], obj["kind"]).server_side_apply(
+            body=obj,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=self.field_manager,
+            force_conflicts=True,
+        )
+        return dict(result.to_dict())
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
+        try:
+            return dict(self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict())
+        except NotFoundError:
+            return None
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Manifest]:
+        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
+        return [dict(item) for item in found.to_dict()["items"]]
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        try:
+            self._resource(api_version, kind).delete(
+                name=name, namespace=namespace, body={"propagationPolicy": "Background"}
+            )
+        except NotFoundError:
+            pass
+
+    def get_service(self, namespace: str, name: str) -> Manifest | None:
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def patch_service_status(self, namespace: str, name: str, status: Manifest) -> None:
+        """A merge patch of the status subresource: lists (conditions) are replaced whole."""
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=self.field_manager
+        )
+
+    def pod_log_lines(self, namespace: str, pod: str, container: str, limit_bytes: int) -> Iterator[str]:
+        """The container's log with kubelet timestamps, streamed line by line and bounded in size."""
+        response = self.core.read_namespaced_pod_log(
+            pod,
+            namespace,
+            container=container,
+            timestamps=True,
+            limit_bytes=limit_bytes,
+            _preload_content=False,
+        )
+        pending = b""
+        try:
+            for chunk in response.stream(64 * 1024):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", errors="replace")
+            if pending:
+                yield pending.decode("utf-8", errors="replace")
+        finally:
+            response.release_conn()
+
+    def pod_events(self, namespace: str, pod: str) -> list[Manifest]:
+        events = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}"
+        )
+        return [self.api_client.sanitize_for_serialization(event) for event in events.items]
+
+    def post_event(self, owner: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
+        meta = owner["metadata"]
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "stoker"},
+            "reportingComponent": "stoker",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as error:  # an event is best effort: never fail a reconcile for it
+            log.warning("Posting event failed reason=%s status=%s", reason, error.status)

@@ -1,0 +1,56 @@
+"""`stoker run`: start the operator with validated settings, a liveness endpoint and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import kopf
+import prometheus_client
+from pydantic import ValidationError
+
+from stoker.controller import handlers
+from stoker.controller.kube import Kube, load_config
+from stoker.controller.reconcile import Reconciler
+from stoker.controller.settings import OperatorSettings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stoker run", description="Run the operator. Settings come from STOKER_* environment variables."
+    )
+    parser.parse_args(argv)
+    try:
+        settings = OperatorSettings()
+    except ValidationError as error:
+        print(f"invalid STOKER_* settings:\n{error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    load_config()
+    reconciler = Reconciler(Kube(settings.field_manager), settings)
+    handlers.register(reconciler, settings)
+    kopf_settings = kopf.OperatorSettings()
+    handlers.configure(kopf_settings, settings)
+    prometheus_client.start_http_server(settings.metrics_port, addr=settings.bind_address)
+    logging.getLogger(__name__).info(
+        "Starting operator namespaces=%s metrics=%s:%d liveness=%s:%d",
+        settings.namespaces or "all",
+        settings.bind_address,
+        settings.metrics_port,
+        settings.bind_address,
+        settings.liveness_port,
+    )
+    asyncio.run(
+        kopf.operator(
+            settings=kopf_settings,
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            liveness_endpoint=f"http://{settings.bind_address}:{settings.liveness_port}/healthz",
+        )
+    )
+    return 0

@@ -1,0 +1,30 @@
+"""Prometheus metrics on the operator's own port. Labels stay bounded: phases, roles and results only."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+STARTUP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
+
+RECONCILES = Counter("stoker_reconcile_total", "Reconciles by result.", ["result"])
+RECONCILE_SECONDS = Histogram(
+    "stoker_reconcile_duration_seconds",
+    "Time one reconcile took.",
+    ["result"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+STARTUP_PHASE_SECONDS = Histogram(
+    "stoker_startup_phase_seconds",
+    "Seconds each startup phase took, per replica or seed run.",
+    ["phase", "role"],
+    buckets=STARTUP_BUCKETS,
+)
+STARTUP_TOTAL_SECONDS = Histogram(
+    "stoker_startup_total_seconds",
+    "Seconds from pod creation to a serving engine.",
+    ["role"],
+    buckets=STARTUP_BUCKETS,
+)
+COMPILE_CACHE_RESULTS = Counter(
+    "stoker_compile_cache_total", "Startups by compile-cache outcome (hit, miss, none).", ["result", "role"]
+)

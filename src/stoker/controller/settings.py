@@ -1,0 +1,23 @@
+"""Operator settings, read from STOKER_* environment variables and validated at start."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STOKER_", extra="ignore")
+
+    namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces to watch (JSON list); empty watches the whole cluster."
+    )
+    drift_interval_seconds: float = Field(30.0, gt=0, description="How often every object is re-checked.")
+    metrics_port: int = Field(8080, ge=1, le=65535)
+    liveness_port: int = Field(8081, ge=1, le=65535)
+    bind_address: str = Field("0.0.0.0", description="Address the metrics and liveness servers listen on.")
+    field_manager: str = Field("stoker", min_length=1)
+    max_log_bytes: int = Field(8 * 1024 * 1024, ge=4096, description="Bound on one pod log read.")
+    startup_history: int = Field(20, ge=1, le=100, description="Startup samples kept in status.")
+    workers: int = Field(16, ge=1, le=256, description="Threads running reconciles at once.")
+    log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")

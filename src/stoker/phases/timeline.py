@@ -1,0 +1,57 @@
+"""The typed result of parsing a startup log, and its one-line summary for Kubernetes Events."""
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+CompileCache = Literal["hit", "miss", "none"]
+
+# Kubernetes caps an Event message at 1024 characters.
+_EVENT_MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StartupTimeline:
+    """Phase durations in seconds, in phase order; phases whose end marker is absent are left out."""
+
+    phases: dict[str, float] = field(default_factory=dict)
+    total_seconds: float | None = None
+    compile_cache: CompileCache = "none"
+    failed: bool = False
+    reason: str | None = None
+    ready: bool = False
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The `stoker phases --json` document: `failed` and `reason` appear only when startup failed."""
+        document: dict[str, Any] = {
+            "phases": dict(self.phases),
+            "totalSeconds": self.total_seconds,
+            "compileCache": self.compile_cache,
+        }
+        if self.failed:
+            document["failed"] = True
+            document["reason"] = self.reason
+        return document
+
+
+def summarize(timeline: StartupTimeline) -> str:
+    """One line for an Event, e.g. `Started in 63.2 s (weights 10.7 s, compile 4.6 s, cache hit)`."""
+    if timeline.failed:
+        message = f"Failed to start: {timeline.reason}"
+    elif timeline.ready and timeline.total_seconds is not None:
+        details = []
+        if "weightLoad" in timeline.phases:
+            details.append(f"weights {timeline.phases['weightLoad']:.1f} s")
+        if timeline.compile_cache == "none":
+            details.append("no compile")
+        else:
+            # Dynamo tracing (or, on a cache hit, artifact loading) is part of torch.compile's own total.
+            compile_seconds = timeline.phases.get("dynamo", 0.0) + timeline.phases.get("compile", 0.0)
+            details.append(f"compile {compile_seconds:.1f} s")
+            details.append(f"cache {timeline.compile_cache}")
+        message = f"Started in {timeline.total_seconds:.1f} s ({', '.join(details)})"
+    elif timeline.phases:
+        last_phase = next(reversed(timeline.phases))
+        message = f"Not ready after {sum(timeline.phases.values()):.1f} s (last phase done: {last_phase})"
+    else:
+        message = "Not ready (no startup phase finished yet)"
+    return message[:_EVENT_MESSAGE_LIMIT]

@@ -1,0 +1,161 @@
+"""The `vllm serve` invocation shared by the seed Job and the serving pods.
+
+One function builds both so that everything vLLM hashes into its compile-cache key is identical between
+them. The only difference is the weight loader: the seed loads dummy weights (`--load-format dummy`), which
+vLLM's key ignores (LoadConfig hashes to a constant), so the seed needs the model's config and tokenizer
+but not its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stoker.api import VLLMService
+
+Role = Literal["seed", "serve"]
+
+PORT = 8000
+CACHE_MOUNT_PATH = "/var/cache/vllm"
+MODEL_CACHE_MOUNT_PATH = "/var/cache/huggingface"
+MODEL_SOURCE_MOUNT_PATH = "/models"
+ENGINE_COMMAND = ["vllm", "serve"]
+SEED_LOAD_FORMAT = "dummy"
+
+# Flags (each followed by one value) whose values vLLM leaves out of its compile-cache key.
+KEY_IGNORED_FLAGS = frozenset(
+    {
+        "--port",
+        "--served-model-name",
+        "--gpu-memory-utilization",
+        "--load-format",
+        "--model-loader-extra-config",
+    }
+)
+
+
+@dataclass(frozen=True)
+class EngineInvocation:
+    image: str
+    command: list[str]
+    args: list[str]
+    # Plain values only; secret-sourced variables are added by the pod builders.
+    env: dict[str, str] = field(default_factory=dict)
+    cache_mount_path: str = CACHE_MOUNT_PATH
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.command, *self.args]
+
+
+def model_string(svc: VLLMService) -> str:
+    """What `vllm serve` gets as its model; vLLM hashes this literal string into the cache key."""
+    source = svc.spec.model.source
+    if source.pvc is not None:
+        return posixpath.normpath(posixpath.join(MODEL_SOURCE_MOUNT_PATH, source.pvc.path.lstrip("/")))
+    if source.s3 is not None:
+        return source.s3.uri
+    return svc.spec.model.name
+
+
+def weights_from_volume(svc: VLLMService) -> bool:
+    return svc.spec.model.source.pvc is not None or svc.spec.cold_start.model_cache.enabled
+
+
+def engine_env(svc: VLLMService) -> dict[str, str]:
+    env = {
+        "VLLM_CACHE_ROOT": CACHE_MOUNT_PATH,
+        # For s3 models vLLM copies config and tokenizer under the assets cache and hashes that path, so it
+        # must not depend on HOME.
+        "VLLM_ASSETS_CACHE": f"{CACHE_MOUNT_PATH}/assets",
+        # JIT caches outside VLLM_CACHE_ROOT: measured, losing them costs every new pod about 10 s.
+        "TRITON_CACHE_DIR": f"{CACHE_MOUNT_PATH}/triton",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT_PATH}/inductor",
+        "FLASHINFER_WORKSPACE_BASE": f"{CACHE_MOUNT_PATH}/flashinfer",
+        # Ignored by the key; a cluster workload should not report usage.
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    if svc.spec.cold_start.model_cache.enabled:
+        env["HF_HOME"] = MODEL_CACHE_MOUNT_PATH
+    if weights_from_volume(svc):
+        # Skips hub round trips on every start. It also rewrites a repo id to its snapshot path, which
+        # enters the key, so seed and serving pods must agree on it (they do: same env).
+        env["HF_HUB_OFFLINE"] = "1"
+    s3 = svc.spec.model.source.s3
+    if s3 is not None and s3.endpoint:
+        env["AWS_ENDPOINT_URL"] = s3.endpoint
+    for var in svc.spec.runtime.env:
+        if var.value_from is None:
+            env[var.name] = var.value or ""
+    return env
+
+
+def _loader_args(svc: VLLMService, role: Role) -> list[str]:
+    if role == "seed":
+        return ["--load-format", SEED_LOAD_FORMAT]
+    loader = svc.spec.cold_start.loader
+    args = ["--load-format", loader.format]
+    extra: dict[str, int] = {}
+    if loader.concurrency is not None:
+        extra["concurrency"] = loader.concurrency
+    if loader.memory_limit_bytes is not None:
+        extra["memory_limit"] = loader.memory_limit_bytes
+    if extra:
+        # The streamer silently ignores values of the wrong type, so these stay JSON integers.
+        args += ["--model-loader-extra-config", json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+    return args
+
+
+def _cuda_graph_args(svc: VLLMService) -> list[str]:
+    graphs = svc.spec.cold_start.cuda_graphs
+    if graphs.mode == "eager":
+        return ["--enforce-eager"]
+    if graphs.max_capture_size is not None:
+        return ["--max-cudagraph-capture-size", str(graphs.max_capture_size)]
+    return ["--cudagraph-capture-sizes", *(str(size) for size in graphs.capture_sizes or [])]
+
+
+def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
+    spec = svc.spec
+    runtime = spec.runtime
+    args = [
+        model_string(svc),
+        "--port",
+        str(PORT),
+        "--served-model-name",
+        spec.model.served_model_name or spec.model.name,
+        "--tensor-parallel-size",
+        str(runtime.effective_tensor_parallel_size),
+    ]
+    if spec.model.revision and spec.model.source.hugging_face is not None:
+        args += ["--revision", spec.model.revision]
+    if runtime.max_model_len is not None:
+        args += ["--max-model-len", str(runtime.max_model_len)]
+    if runtime.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
+    args += _loader_args(svc, role)
+    args += _cuda_graph_args(svc)
+    args += runtime.extra_args
+    return EngineInvocation(
+        image=runtime.image,
+        command=list(ENGINE_COMMAND),
+        args=args,
+        env=engine_env(svc),
+        cache_mount_path=CACHE_MOUNT_PATH,
+    )
+
+
+def key_relevant_args(args: list[str]) -> list[str]:
+    """`args` without the flags (and their values) that vLLM's compile-cache key ignores."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+        elif arg in KEY_IGNORED_FLAGS:
+            skip_value = True
+        else:
+            kept.append(arg)
+    return kept

@@ -1,0 +1,124 @@
+"""Shared pytest fixtures: a real control plane (hack/cluster) for e2e tests.
+
+The control plane is started once per session on its own work dir and ports, so it never collides
+with a developer's `hack/cluster up`; it is torn down at the end unless STOKER_KEEP_CLUSTER=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HACK_CLUSTER = REPO / "hack" / "cluster"
+ARTIFACTS = REPO / ".artifacts" / "e2e"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    work_dir: Path
+    kubeconfig: Path
+    bin_dir: Path
+    env: dict[str, str]
+
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def _cluster_env() -> dict[str, str]:
+    return dict(
+        os.environ,
+        STOKER_CLUSTER_DIR=os.environ.get("STOKER_TEST_CLUSTER_DIR", "/tmp/stoker-test-cluster"),
+        STOKER_CLUSTER_PORT_BASE=os.environ.get("STOKER_TEST_PORT_BASE", "24790"),
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # Keep each phase's report on the item so fixtures can collect logs when a test failed.
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    env = _cluster_env()
+    build = subprocess.run([HACK_CLUSTER, "env"], env=env, capture_output=True, text=True, check=True)
+    exports = dict(
+        line.removeprefix("export ").split("=", 1) for line in build.stdout.splitlines() if "=" in line
+    )
+    kubeconfig = Path(exports["KUBECONFIG"].strip('"'))
+    bin_dir = Path(exports["PATH"].strip('"').split(":")[0])
+    if not (bin_dir / "kube-apiserver").exists():
+        message = f"control-plane binaries missing in {bin_dir}: run hack/cluster build"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    subprocess.run([HACK_CLUSTER, "up"], env=env, check=True, timeout=600)
+    test_env = dict(env, KUBECONFIG=str(kubeconfig), PATH=f"{bin_dir}:{env['PATH']}")
+    try:
+        yield Cluster(kubeconfig.parent, kubeconfig, bin_dir, test_env)
+    finally:
+        if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
+            subprocess.run([HACK_CLUSTER, "down"], env=env, check=False, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: Cluster) -> Kubectl:
+    def run(*args: str, input: str | None = None, check: bool = True, timeout: float = 120):
+        result = subprocess.run(
+            [str(cluster.bin_dir / "kubectl"), *args],
+            env=cluster.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kubectl("wait", "--for=condition=Established", "crd/vllmservices.stoker.dev", "--timeout=60s")
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    # Pods are rejected until the service-account controller has made "default" in the namespace.
+    deadline = time.monotonic() + 30
+    while kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "default service account never appeared"
+        time.sleep(0.2)
+    yield name
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        _collect_artifacts(request.node.name, name, cluster, kubectl)
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _collect_artifacts(test_name: str, namespace: str, cluster: Cluster, kubectl: Kubectl) -> None:
+    target = ARTIFACTS / test_name
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    state = kubectl("-n", namespace, "get", "all,events,pvc,vllmservices", "-o", "yaml", check=False)
+    (target / "namespace.yaml").write_text(state.stdout + state.stderr)
+    for log in (cluster.work_dir / "logs").glob("*.log"):
+        lines = log.read_text(errors="replace").splitlines()[-400:]
+        (target / log.name).write_text("\n".join(lines))
+    print(f"\ncollected cluster state and component logs in {target}")
