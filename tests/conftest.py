@@ -122,3 +122,73 @@ def _collect_artifacts(test_name: str, namespace: str, cluster: Cluster, kubectl
         lines = log.read_text(errors="replace").splitlines()[-400:]
         (target / log.name).write_text("\n".join(lines))
     print(f"\ncollected cluster state and component logs in {target}")
+
+
+class Operator:
+    """`stoker run` as a real process against the test cluster, on ports of its own."""
+
+    def __init__(self, cluster: Cluster, log_path: Path) -> None:
+        self.cluster = cluster
+        self.log_path = log_path
+        self.metrics_port = int(os.environ.get("STOKER_TEST_METRICS_PORT", "28080"))
+        self.liveness_port = self.metrics_port + 1
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(
+            self.cluster.env,
+            STOKER_METRICS_PORT=str(self.metrics_port),
+            STOKER_LIVENESS_PORT=str(self.liveness_port),
+            STOKER_BIND_ADDRESS="127.0.0.1",
+            STOKER_DRIFT_INTERVAL_SECONDS="5",
+            PYTHONUNBUFFERED="1",
+        )
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "stoker"), "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while not self._live():
+            assert self.process.poll() is None, f"operator exited; see {self.log_path}"
+            assert time.monotonic() < deadline, f"operator not live after 60 s; see {self.log_path}"
+            time.sleep(0.3)
+
+    def _live(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as when a node dies under the operator."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, crd: None) -> Iterator[Operator]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    running = Operator(cluster, ARTIFACTS / "operator.log")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()

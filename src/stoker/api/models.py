@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict, JsonValue
 
 GROUP = "stoker.dev"
 VERSION = "v1alpha1"
@@ -75,7 +76,8 @@ OWNED_ENV = (
 )
 
 # Kubernetes' resource.Quantity pattern.
-QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^(\+|-)?{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
 
 
 def _int_to_str(value: object) -> object:
@@ -93,11 +95,17 @@ FreeFormObject = Annotated[
 ]
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    entry = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    entry: JsonDict = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def _validations(*rules: JsonDict) -> JsonDict:
+    """json_schema_extra that becomes the CRD's `x-kubernetes-validations` for this object."""
+    rule_list: list[JsonValue] = list(rules)
+    return {"x-kubernetes-validations": rule_list}
 
 
 class _Model(BaseModel):
@@ -129,11 +137,7 @@ class PVCSource(_Model):
     """Weights on an existing claim, mounted read-only; `path` is the model directory inside it."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("!self.path.matches('(^|/)[.][.](/|$)')", _PATH_ESCAPES, ".path")
-            ]
-        }
+        json_schema_extra=_validations(_cel("!self.path.matches('(^|/)[.][.](/|$)')", _PATH_ESCAPES, ".path"))
     )
 
     claim_name: str = Field(min_length=1, max_length=253)
@@ -163,14 +167,12 @@ _ONE_SOURCE = "exactly one of huggingFace, pvc or s3 must be set"
 
 class ModelSource(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "(has(self.huggingFace) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.s3) ? 1 : 0) == 1",
-                    _ONE_SOURCE,
-                )
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel(
+                "(has(self.huggingFace) ? 1 : 0) + (has(self.pvc) ? 1 : 0) + (has(self.s3) ? 1 : 0) == 1",
+                _ONE_SOURCE,
+            )
+        )
     )
 
     hugging_face: HuggingFaceSource | None = None
@@ -213,11 +215,9 @@ _VALUE_XOR_VALUE_FROM = "value and valueFrom are mutually exclusive"
 
 class EnvVar(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("!(has(self.value) && has(self.valueFrom))", _VALUE_XOR_VALUE_FROM)
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel("!(has(self.value) && has(self.valueFrom))", _VALUE_XOR_VALUE_FROM)
+        )
     )
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)
@@ -243,30 +243,28 @@ def _quoted_list(items: tuple[str, ...]) -> str:
 
 class RuntimeSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
-                    _TP_DIVIDES_GPUS,
-                    ".tensorParallelSize",
-                ),
-                _cel(
-                    f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
-                    _NO_OWNED_FLAGS,
-                    ".extraArgs",
-                ),
-                _cel(
-                    f"!has(self.env) || self.env.all(e, !(e.name in {_quoted_list(OWNED_ENV)}))",
-                    _NO_OWNED_ENV,
-                    ".env",
-                ),
-                _cel(
-                    "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
-                    _UNIQUE_ENV,
-                    ".env",
-                ),
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel(
+                "!has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
+                _TP_DIVIDES_GPUS,
+                ".tensorParallelSize",
+            ),
+            _cel(
+                f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
+                _NO_OWNED_FLAGS,
+                ".extraArgs",
+            ),
+            _cel(
+                f"!has(self.env) || self.env.all(e, !(e.name in {_quoted_list(OWNED_ENV)}))",
+                _NO_OWNED_ENV,
+                ".env",
+            ),
+            _cel(
+                "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+                _UNIQUE_ENV,
+                ".env",
+            ),
+        )
     )
 
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
@@ -304,14 +302,12 @@ _STREAMER_ONLY = "concurrency and memoryLimitBytes apply only to format runai_st
 
 class LoaderSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.format == 'runai_streamer' || (!has(self.concurrency) && !has(self.memoryLimitBytes))",
-                    _STREAMER_ONLY,
-                )
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel(
+                "self.format == 'runai_streamer' || (!has(self.concurrency) && !has(self.memoryLimitBytes))",
+                _STREAMER_ONLY,
+            )
+        )
     )
 
     format: Literal["runai_streamer", "auto", "safetensors", "fastsafetensors"] = "runai_streamer"
@@ -360,21 +356,19 @@ class CudaGraphsSpec(_Model):
     """CUDA-graph capture: an explicit size list, a maximum size, or eager mode (no graphs, no compile)."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "(has(self.captureSizes) ? 1 : 0) + (has(self.maxCaptureSize) ? 1 : 0)"
-                    " + (has(self.mode) ? 1 : 0) == 1",
-                    _ONE_GRAPH_SETTING,
-                ),
-                _cel(
-                    "!has(self.captureSizes) || (self.captureSizes.isSorted()"
-                    " && self.captureSizes.all(s, self.captureSizes.exists_one(t, t == s)))",
-                    _SORTED_SIZES,
-                    ".captureSizes",
-                ),
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel(
+                "(has(self.captureSizes) ? 1 : 0) + (has(self.maxCaptureSize) ? 1 : 0)"
+                " + (has(self.mode) ? 1 : 0) == 1",
+                _ONE_GRAPH_SETTING,
+            ),
+            _cel(
+                "!has(self.captureSizes) || (self.captureSizes.isSorted()"
+                " && self.captureSizes.all(s, self.captureSizes.exists_one(t, t == s)))",
+                _SORTED_SIZES,
+                ".captureSizes",
+            ),
+        )
     )
 
     capture_sizes: list[Annotated[int, Field(ge=1, le=8192)]] | None = Field(
@@ -417,15 +411,13 @@ _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggi
 
 class VLLMServiceSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!self.coldStart.modelCache.enabled || has(self.model.source.huggingFace)",
-                    _MODEL_CACHE_NEEDS_HF,
-                    ".coldStart.modelCache.enabled",
-                )
-            ]
-        }
+        json_schema_extra=_validations(
+            _cel(
+                "!self.coldStart.modelCache.enabled || has(self.model.source.huggingFace)",
+                _MODEL_CACHE_NEEDS_HF,
+                ".coldStart.modelCache.enabled",
+            )
+        )
     )
 
     model: ModelSpec
@@ -518,7 +510,7 @@ class VLLMService(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="ignore",
-        json_schema_extra={"x-kubernetes-validations": _NAME_RULES},
+        json_schema_extra=_validations(*_NAME_RULES),
     )
 
     api_version: str = API_VERSION

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from stoker.api import VLLMService
+
+Json = dict[str, Any]
+
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 CACHE_KEY_LABEL = "stoker.dev/cache-key"
@@ -52,3 +58,15 @@ def server_selector_labels(name: str) -> dict[str, str]:
 def server_selector(name: str) -> str:
     """The label selector string for status.selector (the scale subresource's labelSelectorPath)."""
     return ",".join(f"{key}={value}" for key, value in server_selector_labels(name).items())
+
+
+def object_meta(
+    svc: VLLMService, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> Json:
+    """Metadata of a child: same namespace as the VLLMService; the controller adds owner references."""
+    metadata: Json = {"name": name, "labels": labels}
+    if svc.namespace:
+        metadata["namespace"] = svc.namespace
+    if annotations:
+        metadata["annotations"] = annotations
+    return metadata

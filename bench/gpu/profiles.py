@@ -1,0 +1,127 @@
+"""What each benchmark profile runs: stock `vllm serve`, or stoker's own rendered invocations plus a lever.
+
+Nothing here copies a stoker flag: the `stoker*` profiles take command, args and environment from
+`stoker.render.engine_invocation`, exactly as the operator puts them into the seed Job and the Deployment.
+A variant adds one named lever on top (an environment variable or a compilation-config key), so its effect
+is measured side by side with what the operator renders today. `stock` is what a user runs without stoker:
+the same model and the same user-level settings (served name, context length, memory share), nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from stoker.api import VLLMService
+from stoker.render import engine_invocation
+
+COMPILATION_CONFIG_FLAG = "--compilation-config"
+FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A lever on top of the rendered serving invocation."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    compilation: dict[str, Any] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    note: str = ""
+
+
+# Levers measured side by side; each entry says why it might help. All reuse the stoker seed's cache:
+# VLLM_WORKER_MULTIPROC_METHOD is on vLLM's list of variables left out of the compile-cache key, and
+# compilation mode 0 does not compile, so it neither reads nor needs a compile cache.
+VARIANTS: dict[str, Variant] = {
+    "stoker": Variant(note="exactly what the operator renders"),
+    "stoker-fork": Variant(
+        env=FORK,
+        note="the engine process is forked from the API server, which has already imported everything, "
+        "instead of a spawned interpreter importing it all again",
+    ),
+    "stoker-fork-nocompile": Variant(
+        env=FORK,
+        compilation={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+        note="fork, no torch.compile (no Dynamo, no Inductor artifacts, no Triton JIT); decode still runs "
+        "in full CUDA graphs",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Invocation:
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    served_model_name: str
+    cache_mount_path: str | None
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for index, arg in enumerate(args[:-1]):
+        if arg == flag:
+            return args[index + 1]
+    return None
+
+
+def _with_compilation(args: list[str], overrides: dict[str, Any]) -> list[str]:
+    """`args` with `overrides` merged into the rendered --compilation-config (added if absent)."""
+    if not overrides:
+        return list(args)
+    current = _flag_value(args, COMPILATION_CONFIG_FLAG)
+    merged = {**(json.loads(current) if current else {}), **overrides}
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+        elif arg == COMPILATION_CONFIG_FLAG:
+            skip_value = True
+        else:
+            kept.append(arg)
+    return [*kept, COMPILATION_CONFIG_FLAG, json.dumps(merged, separators=(",", ":"))]
+
+
+def _rendered(svc: VLLMService, role: str, variant: Variant) -> Invocation:
+    rendered = engine_invocation(svc, role)  # type: ignore[arg-type]
+    args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
+    port = _flag_value(args, "--port")
+    served = _flag_value(args, "--served-model-name")
+    return Invocation(
+        argv=[*rendered.command, *args],
+        env={**rendered.env, **variant.env},
+        port=int(port) if port else 8000,
+        served_model_name=served or svc.spec.model.name,
+        cache_mount_path=rendered.cache_mount_path,
+    )
+
+
+def seed_invocation(svc: VLLMService) -> Invocation:
+    return _rendered(svc, "seed", VARIANTS["stoker"])
+
+
+def serve_invocation(svc: VLLMService, profile: str) -> Invocation:
+    return _rendered(svc, "serve", VARIANTS[profile])
+
+
+def stock_invocation(svc: VLLMService) -> Invocation:
+    """Plain `vllm serve MODEL` with the user's own settings; the model path is the one stoker serves."""
+    rendered = engine_invocation(svc, "serve")
+    served = svc.spec.model.served_model_name or svc.spec.model.name
+    args = [rendered.args[0], "--served-model-name", served]
+    runtime = svc.spec.runtime
+    if runtime.effective_tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(runtime.effective_tensor_parallel_size)]
+    if runtime.max_model_len is not None:
+        args += ["--max-model-len", str(runtime.max_model_len)]
+    if runtime.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
+    return Invocation(
+        argv=[*rendered.command, *args], env={}, port=8000, served_model_name=served, cache_mount_path=None
+    )
+
+
+def load_service(path: str) -> VLLMService:
+    with open(path) as manifest:
+        return VLLMService.model_validate(json.load(manifest))

@@ -1,0 +1,19 @@
+"""Startup phases of a vLLM pod: parse its log (and its pod status) into a typed timeline.
+
+Pure code: imports only the standard library, so the GPU benchmark can use it on a bare host.
+"""
+
+from stoker.phases.kubernetes import KUBERNETES_PHASES, kubernetes_phases
+from stoker.phases.parser import ENGINE_PHASES, StartupLogParser, parse_log
+from stoker.phases.timeline import CompileCache, StartupTimeline, summarize
+
+__all__ = [
+    "ENGINE_PHASES",
+    "KUBERNETES_PHASES",
+    "CompileCache",
+    "StartupLogParser",
+    "StartupTimeline",
+    "kubernetes_phases",
+    "parse_log",
+    "summarize",
+]

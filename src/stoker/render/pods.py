@@ -1,0 +1,157 @@
+"""The pod spec shared by the seed Job and the serving Deployment (one builder, so they cannot drift)."""
+
+from __future__ import annotations
+
+from stoker.api import VLLMService
+from stoker.render.engine import (
+    CACHE_MOUNT_PATH,
+    MODEL_CACHE_MOUNT_PATH,
+    MODEL_SOURCE_MOUNT_PATH,
+    PORT,
+    EngineInvocation,
+    Role,
+)
+from stoker.render.names import Json, cache_pvc_name, model_pvc_name
+
+ENGINE_CONTAINER = "vllm"
+DOWNLOAD_CONTAINER = "download-model"
+HEALTH_PATH = "/health"
+GPU_RESOURCE = "nvidia.com/gpu"
+# A cold start compiles for minutes; the startup probe must outlast the slowest one (here 30 min).
+STARTUP_PROBE_PERIOD_SECONDS = 10
+STARTUP_PROBE_FAILURE_THRESHOLD = 180
+
+# Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there.
+DOWNLOAD_SCRIPT = """\
+import sys
+from huggingface_hub import snapshot_download
+repo, revision = sys.argv[1], sys.argv[2] or None
+path = snapshot_download(repo_id=repo, revision=revision, ignore_patterns=["original/**/*"])
+print(f"stoker-download: {repo} is at {path}", flush=True)
+"""
+
+
+def _hf_token_env(svc: VLLMService) -> list[Json]:
+    hugging_face = svc.spec.model.source.hugging_face
+    if hugging_face is None or hugging_face.token_secret_ref is None:
+        return []
+    ref = hugging_face.token_secret_ref
+    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _secret_env(svc: VLLMService) -> list[Json]:
+    user_env = [
+        {"name": var.name, "valueFrom": var.value_from} for var in svc.spec.runtime.env if var.value_from
+    ]
+    return _hf_token_env(svc) + user_env
+
+
+def _env_from(svc: VLLMService) -> list[Json]:
+    s3 = svc.spec.model.source.s3
+    if s3 is not None and s3.credentials_secret_ref is not None:
+        return [{"secretRef": {"name": s3.credentials_secret_ref.name}}]
+    return []
+
+
+def _http_probe(period: int, failure_threshold: int, timeout: int = 5) -> Json:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failure_threshold,
+        "timeoutSeconds": timeout,
+    }
+
+
+def _resources(svc: VLLMService) -> Json:
+    wanted = svc.spec.runtime.resources
+    requests = {k: v for k, v in (("cpu", wanted.cpu), ("memory", wanted.memory)) if v is not None}
+    limits: Json = {GPU_RESOURCE: str(svc.spec.runtime.gpus)}
+    if wanted.memory is not None:
+        limits["memory"] = wanted.memory
+    return {"requests": requests, "limits": limits} if requests else {"limits": limits}
+
+
+def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
+    cold_start = svc.spec.cold_start
+    # Without a compile-cache volume the path still exists (emptyDir), so the invocation stays the same.
+    cache_volume: Json = (
+        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_pvc_name(svc.name)}}
+        if cold_start.compile_cache.enabled
+        else {"name": "cache", "emptyDir": {}}
+    )
+    volumes = [cache_volume]
+    mounts: list[Json] = [{"name": "cache", "mountPath": CACHE_MOUNT_PATH}]
+    if cold_start.model_cache.enabled:
+        volumes.append(
+            {"name": "model-cache", "persistentVolumeClaim": {"claimName": model_pvc_name(svc.name)}}
+        )
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT_PATH})
+    pvc = svc.spec.model.source.pvc
+    if pvc is not None:
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_SOURCE_MOUNT_PATH, "readOnly": True})
+    if svc.spec.runtime.effective_tensor_parallel_size > 1:
+        # NCCL and vLLM's shared-memory broadcast need more than the runtime's 64 MiB /dev/shm.
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _download_container(svc: VLLMService, invocation: EngineInvocation, mounts: list[Json]) -> Json:
+    return {
+        "name": DOWNLOAD_CONTAINER,
+        "image": invocation.image,
+        "command": ["python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or ""],
+        "env": [{"name": "HF_HOME", "value": MODEL_CACHE_MOUNT_PATH}, *_hf_token_env(svc)],
+        "volumeMounts": [dict(m) for m in mounts if m["name"] == "model-cache"],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+
+
+def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation, mounts: list[Json]) -> Json:
+    container: Json = {
+        "name": ENGINE_CONTAINER,
+        "image": invocation.image,
+        "command": invocation.command,
+        "args": invocation.args,
+        "env": [{"name": name, "value": value} for name, value in invocation.env.items()] + _secret_env(svc),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": _resources(svc),
+        "volumeMounts": mounts,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    env_from = _env_from(svc)
+    if env_from:
+        container["envFrom"] = env_from
+    if role == "serve":
+        container["startupProbe"] = _http_probe(STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURE_THRESHOLD)
+        container["readinessProbe"] = _http_probe(5, 3)
+        container["livenessProbe"] = _http_probe(15, 4, timeout=10)
+    return container
+
+
+def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation) -> Json:
+    """The pod spec around `invocation` (the seed's wrapped one, or the plain one for serving pods)."""
+    volumes, mounts = _volumes_and_mounts(svc)
+    spec: Json = {
+        "containers": [engine_container(svc, role, invocation, mounts)],
+        "volumes": volumes,
+        # Service links inject `<SERVICE>_PORT`-style variables; a Service named `vllm` would set VLLM_PORT,
+        # which vLLM reads, and any VLLM_* variable can split the compile-cache key between seed and pods.
+        "enableServiceLinks": False,
+        # Lets a non-root engine write the cache volumes; OnRootMismatch avoids a recursive chown per mount.
+        "securityContext": {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+    }
+    if svc.spec.cold_start.model_cache.enabled:
+        spec["initContainers"] = [_download_container(svc, invocation, mounts)]
+    if svc.spec.runtime.node_selector:
+        spec["nodeSelector"] = dict(svc.spec.runtime.node_selector)
+    if svc.spec.runtime.tolerations:
+        spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in svc.spec.runtime.tolerations
+        ]
+    if role == "seed":
+        spec["restartPolicy"] = "Never"
+    return spec

@@ -1,0 +1,81 @@
+"""The seed Job: one run of the serving command that fills the compile cache, then exits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stoker.api import VLLMService
+from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
+from stoker.render.engine import PORT, EngineInvocation, engine_invocation
+from stoker.render.names import (
+    CACHE_KEY_ANNOTATION,
+    COMPONENT_SEED,
+    Json,
+    common_labels,
+    object_meta,
+    seed_job_name,
+)
+from stoker.render.pods import HEALTH_PATH, pod_spec
+
+SEED_BACKOFF_LIMIT = 1
+SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
+
+# Runs the server, waits for /health (vLLM writes its compile artifacts before it answers), stops it and
+# exits 0; exits non-zero if the server dies first. The vLLM image has python3 but not curl.
+SEED_WRAPPER = f"""\
+import signal, subprocess, sys, time, urllib.request
+server = subprocess.Popen(sys.argv[1:])
+
+
+def stop(*_):
+    server.terminate()
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, stop)
+while True:
+    code = server.poll()
+    if code is not None:
+        print(f"stoker-seed: server exited with code {{code}} before it was healthy", flush=True)
+        sys.exit(code or 1)
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:{PORT}{HEALTH_PATH}", timeout=5) as response:
+            if response.status == 200:
+                break
+    except OSError:
+        pass
+    time.sleep(2)
+print("stoker-seed: server is healthy, the compile cache is seeded; stopping it", flush=True)
+server.terminate()
+try:
+    server.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    server.kill()
+sys.exit(0)
+"""
+
+
+def seed_invocation(svc: VLLMService) -> EngineInvocation:
+    """The seed's engine invocation wrapped in SEED_WRAPPER; image, env and mounts are untouched."""
+    engine = engine_invocation(svc, "seed")
+    return dataclasses.replace(engine, command=["python3", "-c", SEED_WRAPPER], args=engine.argv)
+
+
+def build_seed_job(svc: VLLMService) -> Json:
+    key = cache_key(svc)
+    short_key = key[:SHORT_KEY_LENGTH]
+    labels = common_labels(svc.name, COMPONENT_SEED, short_key)
+    annotations = {CACHE_KEY_ANNOTATION: key}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_meta(svc, seed_job_name(svc.name, short_key), labels, annotations),
+        "spec": {
+            "backoffLimit": SEED_BACKOFF_LIMIT,
+            "activeDeadlineSeconds": SEED_ACTIVE_DEADLINE_SECONDS,
+            "template": {
+                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                "spec": pod_spec(svc, "seed", seed_invocation(svc)),
+            },
+        },
+    }

@@ -1,0 +1,179 @@
+"""The operator on the real control plane: children, seeding, drift, garbage collection, restarts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def wait_for(predicate, timeout: float = 90, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
+        time.sleep(interval)
+
+
+def get(kubectl, namespace: str, *what: str) -> dict | None:
+    result = kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def condition(obj: dict | None, kind: str) -> dict:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+def wait_ready(kubectl, namespace: str, name: str, timeout: float = 120) -> dict:
+    def ready():
+        svc = get(kubectl, namespace, "vllmservice", name)
+        return svc if condition(svc, "Ready").get("status") == "True" else None
+
+    return wait_for(ready, timeout, what=f"{name} Ready")
+
+
+def service_manifests(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc and doc.get("kind") == "VLLMService"]
+
+
+def minimal(name: str, **runtime) -> dict:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "runtime": {"replicas": 1, **runtime}},
+    }
+
+
+def apply(kubectl, namespace: str, manifest: dict | str) -> None:
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    kubectl("-n", namespace, "apply", "-f", "-", input=text)
+
+
+def owned_by(obj: dict, owner: dict) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(ref["uid"] == owner["metadata"]["uid"] and ref.get("controller") for ref in refs)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_each_example_converges_with_owned_children(example, namespace, kubectl, operator):
+    kubectl("-n", namespace, "apply", "-f", str(example))
+    for manifest in service_manifests(example):
+        name = manifest["metadata"]["name"]
+        svc = wait_ready(kubectl, namespace, name)
+        replicas = manifest["spec"].get("runtime", {}).get("replicas", 1)
+        deployment = get(kubectl, namespace, "deployment", name)
+        assert deployment and owned_by(deployment, svc)
+        assert deployment["status"].get("readyReplicas", 0) == replicas
+        assert owned_by(get(kubectl, namespace, "service", name), svc)
+        cold_start = manifest["spec"].get("coldStart", {})
+        if cold_start.get("compileCache", {}).get("enabled", True):
+            pvc = get(kubectl, namespace, "pvc", f"{name}-cache")
+            assert pvc and owned_by(pvc, svc) and pvc["status"]["phase"] == "Bound"
+            if cold_start.get("seed", {}).get("enabled", True):
+                job_name = f"{name}-seed-{svc['status']['cache']['key'][:10]}"
+                job = get(kubectl, namespace, "job", job_name)
+                assert job and owned_by(job, svc)
+                assert any(c["type"] == "Complete" for c in job["status"].get("conditions", []))
+                assert condition(svc, "CacheSeeded")["status"] == "True"
+        assert svc["status"]["readyReplicas"] == replicas
+        assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+    table = kubectl("-n", namespace, "get", "vsvc").stdout
+    header = table.splitlines()[0].split()
+    assert header[:4] == ["NAME", "READY", "MODEL", "REPLICAS"], table
+    assert "True" in table.splitlines()[1]
+
+
+def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, kubectl, operator):
+    apply(kubectl, namespace, minimal("rekey"))
+    first = wait_ready(kubectl, namespace, "rekey")["status"]["cache"]["key"]
+
+    kubectl(
+        "-n", namespace, "patch", "vsvc", "rekey", "--type=merge", "-p", '{"spec":{"runtime":{"replicas":2}}}'
+    )
+    wait_for(
+        lambda: (
+            (get(kubectl, namespace, "deployment", "rekey") or {}).get("status", {}).get("readyReplicas") == 2
+        )
+    )
+    assert wait_ready(kubectl, namespace, "rekey")["status"]["cache"]["key"] == first
+    jobs = get(kubectl, namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")
+    assert [j["metadata"]["name"] for j in jobs["items"]] == [f"rekey-seed-{first[:10]}"]
+
+    patch = '{"spec":{"runtime":{"maxModelLen":2048}}}'
+    kubectl("-n", namespace, "patch", "vsvc", "rekey", "--type=merge", "-p", patch)
+
+    def rekeyed():
+        svc = get(kubectl, namespace, "vllmservice", "rekey")
+        key = svc["status"].get("cache", {}).get("key")
+        return key if key and key != first else None
+
+    second = wait_for(rekeyed, what="a new cache key")
+    wait_ready(kubectl, namespace, "rekey")
+
+    def only_new_seed():
+        jobs = get(kubectl, namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")["items"]
+        return [j["metadata"]["name"] for j in jobs if not j["metadata"].get("deletionTimestamp")]
+
+    wait_for(lambda: only_new_seed() == [f"rekey-seed-{second[:10]}"], what="superseded seed removed")
+
+
+def test_hand_edits_and_deletions_are_undone(namespace, kubectl, operator):
+    apply(kubectl, namespace, minimal("drift", replicas=2))
+    wait_ready(kubectl, namespace, "drift")
+    kubectl("-n", namespace, "scale", "deployment", "drift", "--replicas=5")
+    kubectl("-n", namespace, "delete", "service", "drift")
+    wait_for(lambda: get(kubectl, namespace, "service", "drift"), timeout=30, what="service recreated")
+    wait_for(
+        lambda: (get(kubectl, namespace, "deployment", "drift") or {}).get("spec", {}).get("replicas") == 2,
+        timeout=30,
+        what="replicas restored",
+    )
+
+
+def test_deleting_the_service_garbage_collects_its_children(namespace, kubectl, operator):
+    apply(kubectl, namespace, minimal("gone"))
+    wait_ready(kubectl, namespace, "gone")
+    kubectl("-n", namespace, "delete", "vsvc", "gone")
+
+    def all_gone():
+        left = kubectl(
+            "-n",
+            namespace,
+            "get",
+            "deployment,service,job,pvc",
+            "-l",
+            "app.kubernetes.io/instance=gone",
+            "-o",
+            "name",
+        ).stdout.strip()
+        return not left
+
+    wait_for(all_gone, timeout=120, what="children garbage-collected")
+
+
+def test_an_operator_killed_mid_reconcile_converges_without_duplicates(namespace, kubectl, operator):
+    names = [f"crash-{i}" for i in range(5)]
+    for name in names:
+        apply(kubectl, namespace, minimal(name))
+    time.sleep(0.5)
+    operator.kill()
+    operator.start()
+    for name in names:
+        wait_ready(kubectl, namespace, name)
+        for kind in ("deployments", "services", "jobs", "pvc"):
+            found = get(kubectl, namespace, kind, "-l", f"app.kubernetes.io/instance={name}")["items"]
+            assert len(found) == 1, (kind, [f["metadata"]["name"] for f in found])
