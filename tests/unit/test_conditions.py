@@ -27,6 +27,7 @@ def test_job_outcome_reads_job_conditions():
 
 def test_startup_message_names_weights_compile_and_cache():
     record = {"totalSeconds": 63.24, "compileCache": "hit", "phases": {"weightLoad": 10.71, "compile": 4.6}}
-    assert startup_message("p-1", record) == "Pod p-1 started in 63.2 s (weights 10.7 s, compile 4.6 s, cache hit)"
+    expected = "Pod p-1 started in 63.2 s (weights 10.7 s, compile 4.6 s, cache hit)"
+    assert startup_message("p-1", record) == expected
     failed = {"failed": True, "reason": "RuntimeError: CUDA out of memory"}
     assert startup_message("p-2", failed) == "Pod p-2 failed to start: RuntimeError: CUDA out of memory"

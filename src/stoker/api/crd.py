@@ -177,8 +177,12 @@ def crd_yaml() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stoker.api.crd", description="Write the VLLMService CRD.")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[3], help="repository root")
+    parser = argparse.ArgumentParser(
+        prog="python -m stoker.api.crd", description="Write the VLLMService CRD."
+    )
+    parser.add_argument(
+        "--root", type=Path, default=Path(__file__).resolve().parents[3], help="repository root"
+    )
     options = parser.parse_args(argv)
     text = crd_yaml()
     for relative in CRD_PATHS:

@@ -54,9 +54,10 @@ OWNED_FLAGS = (
 
 
 def _flag_pattern(flag: str) -> str:
-    if flag.startswith("--"):
-        return "--" + "[-_]".join(re.escape(part) for part in flag[2:].split("-"))
-    return re.escape(flag)
+    # No backslashes: the pattern sits inside a CEL string literal, where `\.` is not a valid escape.
+    body = flag.lstrip("-").replace(".", "[.]")
+    dashes = flag[: len(flag) - len(flag.lstrip("-"))]
+    return dashes + (body.replace("-", "[-_]") if dashes == "--" else body)
 
 
 # RE2 (CEL) and Python `re` agree on this syntax.

@@ -24,7 +24,7 @@ def now_rfc3339() -> str:
 def merge_conditions(
     previous: list[dict[str, Any]] | None, wanted: list[Condition], generation: int, now: str
 ) -> list[dict[str, Any]]:
-    """The whole new list, in a stable order; a condition keeps its transition time unless its status flips."""
+    """The whole list, in a stable order; a condition keeps its transition time unless its status flips."""
     before = {c.get("type"): c for c in previous or []}
     merged = []
     for condition in sorted(wanted, key=lambda c: CONDITION_TYPES.index(c.type)):

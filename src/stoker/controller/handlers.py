@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -42,12 +43,14 @@ def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
         if outcome.waiting_for:
             raise kopf.TemporaryError(f"Waiting for {outcome.waiting_for}", delay=WAIT_RETRY_SECONDS)
 
+    def reconcile_quietly(namespace: str, name: str) -> None:
+        # An invalid spec is already in status and in an Event; a retry from here changes nothing.
+        with contextlib.suppress(InvalidSpec):
+            reconciler.reconcile(namespace, name)
+
     @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, idle=None)
     def correct_drift(namespace: str, name: str, **_: Any) -> None:
-        try:
-            reconciler.reconcile(namespace, name)
-        except InvalidSpec:
-            pass  # already reported in status and as an Event; retrying changes nothing
+        reconcile_quietly(namespace, name)
 
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
@@ -55,7 +58,4 @@ def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
     def child_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
-            try:
-                reconciler.reconcile(namespace, owner)
-            except InvalidSpec:
-                pass
+            reconcile_quietly(namespace, owner)

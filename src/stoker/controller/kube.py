@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Iterator
@@ -61,12 +62,10 @@ class Kube:
         return [dict(item) for item in found.to_dict()["items"]]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        try:
+        with contextlib.suppress(NotFoundError):
             self._resource(api_version, kind).delete(
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}
             )
-        except NotFoundError:
-            pass
 
     def get_service(self, namespace: str, name: str) -> Manifest | None:
         try:

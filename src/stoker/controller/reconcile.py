@@ -26,10 +26,14 @@ from stoker.controller.kube import Kube, Manifest
 from stoker.controller.settings import OperatorSettings
 from stoker.phases import kubernetes_phases, parse_log
 from stoker.render import (
-    SEED_COMPONENT_SELECTOR,
+    CACHE_KEY_LABEL,
+    COMPONENT_LABEL,
+    COMPONENT_SEED,
+    INSTANCE_LABEL,
     cache_key,
     render_children,
     seed_job_name,
+    seed_wanted,
     server_selector,
     short_cache_key,
 )
@@ -112,20 +116,18 @@ class Reconciler:
 
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
-        cold_start = svc.spec.cold_start
-        seeding = cold_start.seed.enabled and cold_start.compile_cache.enabled
-        seed_job = (
-            self.kube.get("batch/v1", "Job", meta["namespace"], seed_job_name(svc)) if seeding else None
-        )
+        seeding = seed_wanted(svc)
+        seed_name = seed_job_name(svc.name, short_key)
+        seed_job = self.kube.get("batch/v1", "Job", meta["namespace"], seed_name) if seeding else None
         seed_outcome = job_outcome(seed_job)
         if seed_outcome == "succeeded" and cache.get("seededKey") != key:
             cache["seededKey"] = key
             cache["seededAt"] = (seed_job or {}).get("status", {}).get("completionTime") or now_rfc3339()
-            self.kube.post_event(
-                body, "CacheSeeded", f"Seed job {seed_job_name(svc)} filled the compile cache"
-            )
+            self.kube.post_event(body, "CacheSeeded", f"Seed job {seed_name} filled the compile cache")
         seeded = seeding and cache.get("seededKey") == key
-        gate_closed = seeding and cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
+        gate_closed = (
+            seeding and svc.spec.cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
+        )
 
         deployment = self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
         apply_errors = []
@@ -181,7 +183,7 @@ class Reconciler:
         ]
         if seed_outcome == "failed" and self._condition_reason(status, "CacheSeeded") != "SeedFailed":
             self.kube.post_event(
-                body, "SeedFailed", f"Seed job {seed_job_name(svc)} failed; replicas start cold", warning=True
+                body, "SeedFailed", f"Seed job {seed_name} failed; replicas start cold", warning=True
             )
         if cache_missed and self._condition_reason(status, "Degraded") != "CompileCacheMiss":
             self.kube.post_event(
@@ -195,7 +197,7 @@ class Reconciler:
             "conditions": merge_conditions(status.get("conditions"), conditions, generation, now_rfc3339()),
             "replicas": int(dep_status.get("replicas") or 0),
             "readyReplicas": ready_replicas,
-            "selector": server_selector(svc),
+            "selector": server_selector(meta["name"]),
             "cache": cache,
             "startup": startup,
         }
@@ -261,10 +263,10 @@ class Reconciler:
         self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], new_status)
 
     def _remove_superseded_seeds(self, svc: VLLMService, short_key: str) -> None:
-        namespace = svc.metadata["namespace"]
-        selector = f"{server_selector(svc).split(',')[0]},{SEED_COMPONENT_SELECTOR}"
+        namespace, name = str(svc.namespace), svc.name
+        selector = f"{INSTANCE_LABEL}={name},{COMPONENT_LABEL}={COMPONENT_SEED}"
         for job in self.kube.list("batch/v1", "Job", namespace, selector):
-            if job["metadata"].get("labels", {}).get("stoker.dev/cache-key") != short_key:
+            if job["metadata"].get("labels", {}).get(CACHE_KEY_LABEL) != short_key:
                 self.kube.delete("batch/v1", "Job", namespace, job["metadata"]["name"])
                 log.info("Removed superseded seed job job=%s/%s", namespace, job["metadata"]["name"])
 
@@ -277,8 +279,8 @@ class Reconciler:
         startup = copy.deepcopy(previous)
         history: list[Manifest] = list(startup.get("history") or [])
         seen = {(sample["uid"], sample["restarts"]) for sample in history}
-        namespace = svc.metadata["namespace"]
-        for pod in self.kube.list("v1", "Pod", namespace, server_selector(svc)):
+        namespace = body["metadata"]["namespace"]
+        for pod in self.kube.list("v1", "Pod", namespace, server_selector(svc.name)):
             container = main_container_status(pod)
             if container is None or not pod_is_ready(pod):
                 continue
@@ -332,7 +334,7 @@ class Reconciler:
             "totalSeconds": round(sum(kube_phases.values()) + engine_total, 2),
             "compileCache": timeline.compile_cache,
             "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
-            "cacheKey": pod["metadata"].get("labels", {}).get("stoker.dev/cache-key"),
+            "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
             "finishedAt": now_rfc3339(),
         }
         if timeline.failed:

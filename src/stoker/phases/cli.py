@@ -29,10 +29,10 @@ def main(argv: list[str]) -> int:
 
     try:
         if arguments.file == "-":
-            timeline = parse_log(_decoded_lines(sys.stdin.buffer))
+            timeline = parse_log(decoded_lines(sys.stdin.buffer))
         else:
             with open(arguments.file, "rb") as log:
-                timeline = parse_log(_decoded_lines(log))
+                timeline = parse_log(decoded_lines(log))
     except OSError as error:
         print(f"stoker phases: cannot read {arguments.file}: {error.strerror or error}", file=sys.stderr)
         return EXIT_USAGE
@@ -44,7 +44,8 @@ def main(argv: list[str]) -> int:
     return EXIT_STARTUP_FAILED if timeline.failed else EXIT_OK
 
 
-def _decoded_lines(stream: BinaryIO) -> Iterator[str]:
+def decoded_lines(stream: BinaryIO) -> Iterator[str]:
+    """A log's lines, one at a time."""
     # Binary iteration splits on "\n" only; text mode would also split on the "\r" of progress bars and
     # of vLLM's multi-line records. Undecodable bytes must not stop the parse.
     for raw in stream:

@@ -8,7 +8,9 @@ from typing import Any
 KUBERNETES_PHASES = ("scheduling", "imagePull", "containerStart")
 
 # kubelet: `Successfully pulled image "vllm/vllm-openai:v0.22.1" in 1m2.5s (1m3s including waiting). ...`
-_PULLED_IN = re.compile(r"Successfully pulled image .* in (?P<duration>(?:\d+(?:\.\d+)?(?:h|m|s|ms|us|µs|ns))+)")
+_PULLED_IN = re.compile(
+    r"Successfully pulled image .* in (?P<duration>(?:\d+(?:\.\d+)?(?:h|m|s|ms|us|µs|ns))+)"
+)
 _ALREADY_PRESENT = "already present on machine"
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -20,7 +22,7 @@ def kubernetes_phases(
     """scheduling (created → PodScheduled), imagePull, containerStart (→ the container's startedAt).
 
     `container` defaults to the pod's first container. A phase whose bounds are not known yet is left
-    out; the three add up to startedAt − creationTimestamp when all are present.
+    out; the three add up to startedAt - creationTimestamp when all are present.
     """
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}

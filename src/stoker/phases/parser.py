@@ -43,6 +43,8 @@ ENGINE_PHASES = tuple(name for name, _ in PHASE_ENDS)
 _COMPILE_EVIDENCE = (Marker.DYNAMO, Marker.COMPILED, Marker.GRAPH_STORED)
 # vLLM's clock has no year: a timestamp this far before the previous one means the log crossed New Year.
 _YEAR_WRAP_SECONDS = 180 * 24 * 3600.0
+# Streams merged by a recorder may be slightly out of order; a restarted process's clock jumps back further.
+_RESTART_JUMP_SECONDS = 1.0
 # Any year works when nothing anchors the clock; a leap year keeps 02-29 valid.
 _ANY_LEAP_YEAR = 2000
 
@@ -109,7 +111,7 @@ class StartupLogParser:
             self._advance(time)
         if header is not None:
             found = MARKERS.match(message)
-            if found is not None and self._last_time is not None:
+            if found is not None and found.lastgroup is not None and self._last_time is not None:
                 self._mark(Marker(found.lastgroup), self._last_time)
         self._follow_traceback(line, message)
 
@@ -164,22 +166,29 @@ class StartupLogParser:
                 return float(stamp.group(1)), line[stamp.end() :]
         return None, line
 
-    def _kubelet_time(self, whole_seconds: str, fraction: str | None, zone: str) -> float:
+    def _kubelet_time(self, whole_seconds: str, fraction: str | None, zone: str) -> float | None:
         key = (whole_seconds, zone)
         if key != self._kubelet_key:
             offset = "+00:00" if zone == "Z" else zone
-            self._kubelet_seconds = datetime.fromisoformat(whole_seconds + offset).timestamp()
+            try:
+                self._kubelet_seconds = datetime.fromisoformat(whole_seconds + offset).timestamp()
+            except ValueError:  # shaped like a timestamp but no real date: the line has no time
+                return None
             self._kubelet_key = key
         return self._kubelet_seconds + (float(fraction) if fraction else 0.0)
 
-    def _wall_time(self, header: re.Match[str]) -> float:
+    def _wall_time(self, header: re.Match[str]) -> float | None:
         year, month, day, clock, fraction = header.group("year", "month", "day", "time", "fraction")
         key = (year, month, day, clock)
         if key != self._wall_key:
-            seconds = self._wall_seconds_at(int(year) if year else self._year, month, day, clock)
-            if year is None and self._last_time is not None and seconds < self._last_time - _YEAR_WRAP_SECONDS:
-                self._year += 1
-                seconds = self._wall_seconds_at(self._year, month, day, clock)
+            try:
+                seconds = self._wall_seconds_at(int(year) if year else self._year, month, day, clock)
+                last = self._last_time
+                if year is None and last is not None and seconds < last - _YEAR_WRAP_SECONDS:
+                    self._year += 1
+                    seconds = self._wall_seconds_at(self._year, month, day, clock)
+            except ValueError:  # shaped like a timestamp but no real date: the line has no time
+                return None
             self._wall_key = key
             self._wall_seconds = seconds
         return self._wall_seconds + (float("0." + fraction) if fraction else 0.0)
@@ -192,7 +201,8 @@ class StartupLogParser:
         return moment.timestamp()
 
     def _advance(self, time: float) -> None:
-        if self._clock is _Clock.RELATIVE and self._last_time is not None and time < self._last_time:
+        last = self._last_time
+        if self._clock is _Clock.RELATIVE and last is not None and time < last - _RESTART_JUMP_SECONDS:
             # The recorder's clock restarts with the process: a new run was appended to the log.
             self._run = _Run(start=0.0)
         elif self._run.start is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from stoker.api import VLLMService
 from stoker.render.engine import (
     CACHE_MOUNT_PATH,
@@ -41,7 +43,9 @@ def _hf_token_env(svc: VLLMService) -> list[Json]:
 
 def _secret_env(svc: VLLMService) -> list[Json]:
     user_env = [
-        {"name": var.name, "valueFrom": var.value_from} for var in svc.spec.runtime.env if var.value_from
+        {"name": var.name, "valueFrom": copy.deepcopy(var.value_from)}
+        for var in svc.spec.runtime.env
+        if var.value_from
     ]
     return _hf_token_env(svc) + user_env
 

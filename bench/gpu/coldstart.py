@@ -1,0 +1,308 @@
+"""Cold-start benchmark on a GPU host: stock `vllm serve` against stoker's rendered seed and serving runs.
+
+Per repetition, in this order: `stock` (plain `vllm serve`, empty caches), `stoker-seed` (the seed Job's
+invocation, run until /health answers, then stopped), then each serving profile (`stoker` and the levers in
+profiles.VARIANTS) on a fresh copy of the cache the seed left. Before every start the page cache is dropped
+and the container-local JIT caches are wiped, as for a new pod on a new node. Ready time is the first 200
+from /health, counted from process start; then one completion (latency) and one streamed 256-token
+completion (decode tokens/s), so no profile buys startup with serving speed unnoticed.
+
+Writes OUT/logs/r<rep>-<profile>.log (every output line prefixed with `[seconds since start]`, the format
+`stoker.phases` reads), OUT/runs.jsonl (one line per run) and OUT/host.json; bench/gpu/report.py turns them
+into the results JSON, chart and table. Standard library only, plus stoker (and pydantic) for rendering.
+
+usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-fork] [--stop-after 1300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from profiles import Invocation, load_service, seed_invocation, serve_invocation, stock_invocation
+
+# The host's home: vLLM installed under site/, its `vllm` script under bin/ (see setup.sh).
+HOME = Path(os.environ.get("BENCH_HOME", "/root"))
+# What a new pod on a new node does not have: JIT caches outside the cache volume, and HOME's caches
+# (stock vLLM's VLLM_CACHE_ROOT is ~/.cache/vllm).
+CONTAINER_LOCAL = [HOME / ".triton", HOME / ".nv", HOME / ".cache", HOME / ".config/vllm", Path("/tmp/torchinductor_root")]
+SEED_SNAPSHOT = HOME / "seeded-cache"
+# A later device call may write this to change the remaining plan without restarting the driver.
+PLAN_OVERRIDE = HOME / "bench-plan.json"
+READY_LIMIT_S = 330
+DECODE_TOKENS = 256
+# Rough durations for the time budget, replaced by the longest one seen (plus a margin).
+DEFAULT_ESTIMATE_S = {"stock": 110.0, "stoker-seed": 130.0}
+
+
+def host_env() -> dict[str, str]:
+    """The image's environment: no stray vLLM/JIT settings, vLLM on the path, nothing fetched from a hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TRITON_", "TORCHINDUCTOR_"))}
+    env.update(
+        PATH=f"{HOME}/bin:" + env.get("PATH", "/usr/bin:/bin"),
+        PYTHONPATH=f"{HOME}/site",
+        HOME=str(HOME),
+        PYTHONUNBUFFERED="1",
+        # Air-gapped host: the hub is unreachable, for every profile alike.
+        HF_HUB_OFFLINE="1",
+        # The bundle leaves flashinfer out: vLLM's PyTorch sampler instead, for every profile alike.
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+    )
+    return env
+
+
+def sh(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+    except FileNotFoundError:
+        return ""
+
+
+def drop_page_cache() -> bool:
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def gpu_memory_used_mib() -> int:
+    out = sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits")
+    return int(out.split()[0]) if out else -1
+
+
+def wait_gpu_free(limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while gpu_memory_used_mib() > 2000 and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def tree_bytes(path: str | Path) -> int:
+    files = (os.path.join(d, f) for d, _, names in os.walk(path) for f in names)
+    return sum(os.path.getsize(f) for f in files if not os.path.islink(f))
+
+
+def completion_request(base: str, body: dict[str, Any]) -> urllib.request.Request:
+    return urllib.request.Request(
+        f"{base}/v1/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(body).encode(),
+    )
+
+
+def first_completion(base: str, model: str) -> dict[str, Any]:
+    body = {"model": model, "prompt": "def main():", "max_tokens": 16, "temperature": 0}
+    start = time.monotonic()
+    with urllib.request.urlopen(completion_request(base, body), timeout=120) as response:
+        usage = json.loads(response.read())["usage"]
+    return {"seconds": round(time.monotonic() - start, 3), "tokens": usage["completion_tokens"]}
+
+
+def decode_rate(base: str, model: str) -> dict[str, Any]:
+    """Tokens per second between the first and the last streamed token of one long completion."""
+    body = {
+        "model": model,
+        "prompt": "def main():",
+        "max_tokens": DECODE_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.monotonic()
+    first = last = None
+    tokens = 0
+    with urllib.request.urlopen(completion_request(base, body), timeout=120) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            if chunk.get("choices"):
+                last = time.monotonic()
+                first = first or last
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    if first is None or last is None or tokens < 2 or last <= first:
+        return {"error": f"no decode interval (tokens={tokens})"}
+    return {
+        "tokensPerSecond": round((tokens - 1) / (last - first), 2),
+        "tokens": tokens,
+        "firstTokenSeconds": round(first - sent, 3),
+    }
+
+
+def wait_ready(process: subprocess.Popen[str], base: str, t0: float) -> float | None:
+    while time.monotonic() - t0 < READY_LIMIT_S and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=1) as response:
+                if response.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return None
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(30)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(10)
+
+
+def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[str, Any]:
+    base = f"http://127.0.0.1:{inv.port}"
+    with log_path.open("w") as log:
+        t0 = time.monotonic()
+        process = subprocess.Popen(
+            inv.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**host_env(), **inv.env},
+            text=True,
+            start_new_session=True,
+            bufsize=1,
+            cwd=HOME,
+        )
+
+        def pump() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
+                log.flush()
+
+        pumper = threading.Thread(target=pump, daemon=True)
+        pumper.start()
+        ready = wait_ready(process, base, t0)
+        result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
+        if ready is not None:
+            result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+            if measure:
+                for key, probe in (("firstCompletion", first_completion), ("decode", decode_rate)):
+                    try:
+                        result[key] = probe(base, inv.served_model_name)
+                    except Exception as error:  # a failed probe is a result to record, not a reason to stop
+                        result[key] = {"error": repr(error)}
+        stop(process)
+        pumper.join(5)
+    result["exitCode"] = process.returncode
+    result["wallSeconds"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def prepare(cache_dir: str | None, restore_seed: bool) -> bool:
+    """A new pod on a new node: no container-local caches, the cache volume as the seed left it, cold disk."""
+    for path in CONTAINER_LOCAL:
+        shutil.rmtree(path, ignore_errors=True)
+    if cache_dir:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        if restore_seed:
+            shutil.copytree(SEED_SNAPSHOT, cache_dir, symlinks=True)
+        else:
+            os.makedirs(cache_dir)
+    wait_gpu_free()
+    return drop_page_cache()
+
+
+class Budget:
+    def __init__(self, stop_after_s: float) -> None:
+        self.start = time.monotonic()
+        self.stop_after_s = stop_after_s
+        self.longest: dict[str, float] = dict(DEFAULT_ESTIMATE_S)
+
+    def allows(self, name: str) -> bool:
+        return time.monotonic() - self.start + self.longest.get(name, 90.0) < self.stop_after_s
+
+    def record(self, name: str, seconds: float) -> None:
+        self.longest[name] = max(self.longest.get(name, 0.0), seconds + 10)
+
+
+def run(name: str, rep: int, inv: Invocation, out: Path, budget: Budget, role: str) -> dict[str, Any] | None:
+    if not budget.allows(name):
+        print(json.dumps({"profile": name, "repetition": rep, "skipped": "time budget"}), flush=True)
+        return None
+    dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve")
+    started = time.monotonic()
+    result = start_and_measure(out / "logs" / f"r{rep}-{name}.log", inv, measure=role != "seed")
+    budget.record(name, time.monotonic() - started)
+    record = {"profile": name, "repetition": rep, "role": role, **result, "pageCacheDropped": dropped}
+    record.update(argv=inv.argv, env=inv.env)
+    if inv.cache_mount_path:
+        record["cacheBytesAfter"] = tree_bytes(inv.cache_mount_path)
+    with (out / "runs.jsonl").open("a") as runs:
+        runs.write(json.dumps(record) + "\n")
+    summary = {key: record.get(key) for key in ("profile", "repetition", "readySeconds", "exitCode")}
+    summary["first"] = result.get("firstCompletion", {}).get("seconds")
+    summary["tps"] = result.get("decode", {}).get("tokensPerSecond")
+    print(json.dumps(summary), flush=True)
+    return record
+
+
+def host_facts(out: Path) -> None:
+    probe = "import importlib.metadata as m, torch; print(m.version('vllm'), torch.__version__, torch.version.cuda)"
+    versions = sh(sys.executable, "-c", probe).split() or ["unknown"] * 3
+    facts = {
+        "gpu": sh("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
+        "vllm": versions[0],
+        "torch": versions[1],
+        "cuda": versions[2],
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "kernel": os.uname().release,
+    }
+    (out / "host.json").write_text(json.dumps(facts, indent=1))
+    print(json.dumps(facts), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("manifest")
+    parser.add_argument("out")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--profiles", default="stoker,stoker-fork,stoker-fork-nocompile")
+    parser.add_argument("--stop-after", type=float, default=1300, help="seconds; no run starts that would end later")
+    args = parser.parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = f"{HOME}/site"
+    host_facts(out)
+    svc = load_service(args.manifest)
+    seed = seed_invocation(svc)
+    budget = Budget(args.stop_after)
+    profiles, repetitions = args.profiles.split(","), args.repetitions
+    rep = 1
+    while rep <= repetitions:
+        if PLAN_OVERRIDE.exists():
+            plan = json.loads(PLAN_OVERRIDE.read_text())
+            profiles, repetitions = plan.get("profiles", profiles), plan.get("repetitions", repetitions)
+        run("stock", rep, stock_invocation(svc), out, budget, role="stock")
+        seeded = run("stoker-seed", rep, seed, out, budget, role="seed")
+        if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
+            shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
+            shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
+            for name in profiles:
+                run(name, rep, serve_invocation(svc, name), out, budget, role="serve")
+        rep += 1
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

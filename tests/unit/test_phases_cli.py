@@ -1,0 +1,82 @@
+"""`stoker phases [--json] FILE` through stoker.phases.cli.main."""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from stoker.phases.cli import main
+
+DATA = Path(__file__).parent / "data" / "phases"
+
+
+def test_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json", str(DATA / "vllm-0.22.1-h100" / "seeded-serving.log")]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert set(document) == {"phases", "totalSeconds", "compileCache"}
+    assert list(document["phases"]) == [
+        "bootstrap",
+        "modelInfo",
+        "engineStart",
+        "weightLoad",
+        "dynamo",
+        "compile",
+        "profiling",
+        "graphCapture",
+        "apiReady",
+    ]
+    assert document["totalSeconds"] == pytest.approx(66.149)
+    assert document["compileCache"] == "hit"
+
+
+def test_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(DATA / "enforce-eager-kubelet.log")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["phase", "seconds"]
+    assert [line.split()[0] for line in lines[1:-2]] == [
+        "bootstrap",
+        "modelInfo",
+        "engineStart",
+        "weightLoad",
+        "profiling",
+        "apiReady",
+    ]
+    assert lines[-2].split() == ["total", "30.65"]
+    assert lines[-1] == "compile cache: none"
+
+
+def test_failed_startup_from_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = (DATA / "traceback-oom.log").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(log)))
+    assert main(["--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["failed"] is True
+    assert document["reason"].startswith("RuntimeError: Engine core initialization failed.")
+    assert document["totalSeconds"] is None
+
+
+def test_carriage_returns_stay_inside_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Each record ends in "\r\n" and a bar redraws with bare "\r": neither may split a record in two.
+    log = tmp_path / "crlf.log"
+    log.write_bytes(
+        b"INFO 01-02 03:04:05 [utils.py:278] non-default args: {}\r\n"
+        b"(EngineCore pid=3) \rLoading: 50%\rLoading: 100%\r\n"
+        b"INFO 01-02 03:04:09 [api_server.py:596] Starting vLLM server on http://0.0.0.0:8000\r\n"
+        b"\xff\xfe not UTF-8\n"
+    )
+    assert main(["--json", str(log)]) == 0
+    assert json.loads(capsys.readouterr().out)["phases"] == {"bootstrap": 0.0, "apiReady": 4.0}
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "absent.log")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage: stoker phases" in capsys.readouterr().err
