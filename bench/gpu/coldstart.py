@@ -17,6 +17,7 @@ usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,7 +36,13 @@ from profiles import Invocation, load_service, seed_invocation, serve_invocation
 HOME = Path(os.environ.get("BENCH_HOME", "/root"))
 # What a new pod on a new node does not have: JIT caches outside the cache volume, and HOME's caches
 # (stock vLLM's VLLM_CACHE_ROOT is ~/.cache/vllm).
-CONTAINER_LOCAL = [HOME / ".triton", HOME / ".nv", HOME / ".cache", HOME / ".config/vllm", Path("/tmp/torchinductor_root")]
+CONTAINER_LOCAL = [
+    HOME / ".triton",
+    HOME / ".nv",
+    HOME / ".cache",
+    HOME / ".config/vllm",
+    Path("/tmp/torchinductor_root"),
+]
 SEED_SNAPSHOT = HOME / "seeded-cache"
 # A later device call may write this to change the remaining plan without restarting the driver.
 PLAN_OVERRIDE = HOME / "bench-plan.json"
@@ -144,6 +151,18 @@ def decode_rate(base: str, model: str) -> dict[str, Any]:
     }
 
 
+def sleep_wake(base: str, model: str) -> dict[str, Any]:
+    """Sleep (level 1), wake up, then time one completion: the standby path of a forked engine."""
+    timings: dict[str, Any] = {}
+    for step, path in (("sleepSeconds", "/sleep?level=1"), ("wakeSeconds", "/wake_up")):
+        start = time.monotonic()
+        request = urllib.request.Request(f"{base}{path}", method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=120):
+            timings[step] = round(time.monotonic() - start, 3)
+    timings["completionAfterWake"] = first_completion(base, model)
+    return timings
+
+
 def wait_ready(process: subprocess.Popen[str], base: str, t0: float) -> float | None:
     while time.monotonic() - t0 < READY_LIMIT_S and process.poll() is None:
         try:
@@ -161,10 +180,8 @@ def stop(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGINT)
         process.wait(30)
     except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         process.wait(10)
 
 
@@ -196,7 +213,10 @@ def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[st
         if ready is not None:
             result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
             if measure:
-                for key, probe in (("firstCompletion", first_completion), ("decode", decode_rate)):
+                probes = [("firstCompletion", first_completion), ("decode", decode_rate)]
+                if inv.sleep_check:
+                    probes.append(("sleepWake", sleep_wake))
+                for key, probe in probes:
                     try:
                         result[key] = probe(base, inv.served_model_name)
                     except Exception as error:  # a failed probe is a result to record, not a reason to stop
@@ -257,7 +277,10 @@ def run(name: str, rep: int, inv: Invocation, out: Path, budget: Budget, role: s
 
 
 def host_facts(out: Path) -> None:
-    probe = "import importlib.metadata as m, torch; print(m.version('vllm'), torch.__version__, torch.version.cuda)"
+    probe = (
+        "import importlib.metadata as m, torch; "
+        "print(m.version('vllm'), torch.__version__, torch.version.cuda)"
+    )
     versions = sh(sys.executable, "-c", probe).split() or ["unknown"] * 3
     facts = {
         "gpu": sh("nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"),
@@ -278,7 +301,10 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--profiles", default="stoker,stoker-fork,stoker-fork-nocompile")
-    parser.add_argument("--stop-after", type=float, default=1300, help="seconds; no run starts that would end later")
+    parser.add_argument("--skip-stock", action="store_true", help="only stoker's runs (safety checks)")
+    parser.add_argument(
+        "--stop-after", type=float, default=1300, help="seconds; no run starts that would end later"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -293,7 +319,8 @@ def main() -> None:
         if PLAN_OVERRIDE.exists():
             plan = json.loads(PLAN_OVERRIDE.read_text())
             profiles, repetitions = plan.get("profiles", profiles), plan.get("repetitions", repetitions)
-        run("stock", rep, stock_invocation(svc), out, budget, role="stock")
+        if not args.skip_stock:
+            run("stock", rep, stock_invocation(svc), out, budget, role="stock")
         seeded = run("stoker-seed", rep, seed, out, budget, role="seed")
         if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
             shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)

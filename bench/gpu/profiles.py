@@ -27,6 +27,8 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     compilation: dict[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    # After the usual probes: sleep (level 1), wake up, and serve again.
+    sleep_check: bool = False
     note: str = ""
 
 
@@ -46,6 +48,14 @@ VARIANTS: dict[str, Variant] = {
         note="fork, no torch.compile (no Dynamo, no Inductor artifacts, no Triton JIT); decode still runs "
         "in full CUDA graphs",
     ),
+    # A safety check rather than a lever: --enable-sleep-mode enters the compile-cache key, so this one
+    # compiles; it shows whether a forked engine with the streamer can sleep, wake and serve.
+    "stoker-fork-sleep": Variant(
+        env={**FORK, "VLLM_SERVER_DEV_MODE": "1"},
+        extra_args=("--enable-sleep-mode",),
+        sleep_check=True,
+        note="fork with sleep mode: sleep level 1, wake up, serve",
+    ),
 }
 
 
@@ -56,6 +66,7 @@ class Invocation:
     port: int
     served_model_name: str
     cache_mount_path: str | None
+    sleep_check: bool = False
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -94,6 +105,7 @@ def _rendered(svc: VLLMService, role: str, variant: Variant) -> Invocation:
         port=int(port) if port else 8000,
         served_model_name=served or svc.spec.model.name,
         cache_mount_path=rendered.cache_mount_path,
+        sleep_check=variant.sleep_check,
     )
 
 

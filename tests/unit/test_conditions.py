@@ -1,5 +1,5 @@
 from stoker.controller.conditions import Condition, merge_conditions
-from stoker.controller.reconcile import job_outcome, startup_message
+from stoker.controller.reconcile import job_outcome
 
 
 def test_transition_time_moves_only_when_the_status_flips():
@@ -23,11 +23,3 @@ def test_job_outcome_reads_job_conditions():
     assert job_outcome({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == "succeeded"
     assert job_outcome({"status": {"conditions": [{"type": "Failed", "status": "True"}]}}) == "failed"
     assert job_outcome({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}) == "running"
-
-
-def test_startup_message_names_weights_compile_and_cache():
-    record = {"totalSeconds": 63.24, "compileCache": "hit", "phases": {"weightLoad": 10.71, "compile": 4.6}}
-    expected = "Pod p-1 started in 63.2 s (weights 10.7 s, compile 4.6 s, cache hit)"
-    assert startup_message("p-1", record) == expected
-    failed = {"failed": True, "reason": "RuntimeError: CUDA out of memory"}
-    assert startup_message("p-2", failed) == "Pod p-2 failed to start: RuntimeError: CUDA out of memory"

@@ -408,6 +408,8 @@ class ColdStartSpec(_Model):
 
 
 _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
+_S3_NEEDS_STREAMER = "model.source.s3 needs coldStart.loader.format runai_streamer or auto"
+_S3_FORMATS = ("runai_streamer", "auto")
 
 
 class VLLMServiceSpec(_Model):
@@ -417,7 +419,12 @@ class VLLMServiceSpec(_Model):
                 "!self.coldStart.modelCache.enabled || has(self.model.source.huggingFace)",
                 _MODEL_CACHE_NEEDS_HF,
                 ".coldStart.modelCache.enabled",
-            )
+            ),
+            _cel(
+                f"!has(self.model.source.s3) || self.coldStart.loader.format in {_quoted_list(_S3_FORMATS)}",
+                _S3_NEEDS_STREAMER,
+                ".coldStart.loader.format",
+            ),
         )
     )
 
@@ -426,9 +433,11 @@ class VLLMServiceSpec(_Model):
     cold_start: ColdStartSpec = Field(default_factory=ColdStartSpec)
 
     @model_validator(mode="after")
-    def _model_cache_needs_hf(self) -> VLLMServiceSpec:
+    def _cross_field(self) -> VLLMServiceSpec:
         if self.cold_start.model_cache.enabled and self.model.source.hugging_face is None:
             raise ValueError(_MODEL_CACHE_NEEDS_HF)
+        if self.model.source.s3 is not None and self.cold_start.loader.format not in _S3_FORMATS:
+            raise ValueError(_S3_NEEDS_STREAMER)
         return self
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -35,9 +36,9 @@ def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
     @kopf.on.resume(GROUP, VERSION, PLURAL)
     @kopf.on.create(GROUP, VERSION, PLURAL)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    def reconcile_service(namespace: str, name: str, **_: Any) -> None:
+    def reconcile_service(namespace: str | None, name: str, **_: Any) -> None:
         try:
-            outcome = reconciler.reconcile(namespace, name)
+            outcome = reconciler.reconcile(str(namespace), name)
         except InvalidSpec as error:
             raise kopf.PermanentError(str(error)) from None
         if outcome.waiting_for:
@@ -49,13 +50,13 @@ def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
             reconciler.reconcile(namespace, name)
 
     @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, idle=None)
-    def correct_drift(namespace: str, name: str, **_: Any) -> None:
-        reconcile_quietly(namespace, name)
+    def correct_drift(namespace: str | None, name: str, **_: Any) -> None:
+        reconcile_quietly(str(namespace), name)
 
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
     @kopf.on.event("v1", "pods", labels=MANAGED)
-    def child_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
-            reconcile_quietly(namespace, owner)
+            reconcile_quietly(str(namespace), owner)

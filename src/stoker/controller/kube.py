@@ -6,7 +6,7 @@ import contextlib
 import datetime as dt
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -57,7 +57,7 @@ class Kube:
         except NotFoundError:
             return None
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Manifest]:
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Manifest]:
         found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
         return [dict(item) for item in found.to_dict()["items"]]
 
@@ -74,7 +74,7 @@ class Kube:
             if error.status == 404:
                 return None
             raise
-        return dict(obj)
+        return cast(Manifest, obj)
 
     def patch_service_status(self, namespace: str, name: str, status: Manifest) -> None:
         """A merge patch of the status subresource: lists (conditions) are replaced whole."""
@@ -84,7 +84,7 @@ class Kube:
 
     def pod_log_lines(self, namespace: str, pod: str, container: str, limit_bytes: int) -> Iterator[str]:
         """The container's log with kubelet timestamps, streamed line by line and bounded in size."""
-        response = self.core.read_namespaced_pod_log(
+        response: Any = self.core.read_namespaced_pod_log(
             pod,
             namespace,
             container=container,
@@ -132,6 +132,6 @@ class Kube:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], event)
+            self.core.create_namespaced_event(meta["namespace"], cast(Any, event))
         except ApiException as error:  # an event is best effort: never fail a reconcile for it
             log.warning("Posting event failed reason=%s status=%s", reason, error.status)

@@ -21,7 +21,7 @@ STARTUP_PHASE_SECONDS = Histogram(
 )
 STARTUP_TOTAL_SECONDS = Histogram(
     "stoker_startup_total_seconds",
-    "Seconds from pod creation to a serving engine.",
+    "Seconds from process start to a serving engine.",
     ["role"],
     buckets=STARTUP_BUCKETS,
 )
