@@ -55,9 +55,10 @@ OWNED_FLAGS = (
 
 def _flag_pattern(flag: str) -> str:
     # No backslashes: the pattern sits inside a CEL string literal, where `\.` is not a valid escape.
-    body = flag.lstrip("-").replace(".", "[.]")
-    dashes = flag[: len(flag) - len(flag.lstrip("-"))]
-    return dashes + (body.replace("-", "[-_]") if dashes == "--" else body)
+    pattern = flag.replace(".", "[.]")
+    if flag.startswith("--"):
+        pattern = "--" + pattern[2:].replace("-", "[-_]")
+    return pattern
 
 
 # RE2 (CEL) and Python `re` agree on this syntax.
@@ -132,13 +133,16 @@ class HuggingFaceSource(_Model):
 
 
 _PATH_ESCAPES = "path must not contain '..' segments"
+_PARENT_SEGMENT = "(^|/)[.][.](/|$)"
 
 
 class PVCSource(_Model):
     """Weights on an existing claim, mounted read-only; `path` is the model directory inside it."""
 
     model_config = ConfigDict(
-        json_schema_extra=_validations(_cel("!self.path.matches('(^|/)[.][.](/|$)')", _PATH_ESCAPES, ".path"))
+        json_schema_extra=_validations(
+            _cel(f"!self.path.matches('{_PARENT_SEGMENT}')", _PATH_ESCAPES, ".path")
+        )
     )
 
     claim_name: str = Field(min_length=1, max_length=253)
@@ -146,7 +150,7 @@ class PVCSource(_Model):
 
     @model_validator(mode="after")
     def _no_parent_segments(self) -> PVCSource:
-        if re.search(r"(^|/)[.][.](/|$)", self.path):
+        if re.search(_PARENT_SEGMENT, self.path):
             raise ValueError(_PATH_ESCAPES)
         return self
 
@@ -468,13 +472,29 @@ class CacheStatus(_StatusModel):
 
 
 class StartupRecord(_StatusModel):
+    """One replica's (or seed run's) start: engine phases plus scheduling/imagePull/containerStart.
+
+    totalSeconds counts from process start to `Starting vLLM server`; the Kubernetes phases precede it.
+    """
+
     pod: str | None = None
     total_seconds: float | None = None
     compile_cache: Literal["hit", "miss", "none"] | None = None
     phases: dict[str, float] = Field(default_factory=dict)
+    cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
     failed: bool | None = None
     reason: str | None = None
     finished_at: datetime | None = None
+
+
+class StartupSample(_StatusModel):
+    """A parsed container start; (uid, restarts) identifies it so each start is parsed once."""
+
+    pod: str
+    uid: str
+    restarts: int = 0
+    total_seconds: float | None = None
+    compile_cache: Literal["hit", "miss", "none"] | None = None
 
 
 class StartupSummary(_StatusModel):
@@ -487,6 +507,7 @@ class StartupStatus(_StatusModel):
     last: StartupRecord | None = None
     seed: StartupRecord | None = None
     recent: StartupSummary | None = None
+    history: list[StartupSample] = Field(default_factory=list, max_length=100)
 
 
 class VLLMServiceStatus(_StatusModel):

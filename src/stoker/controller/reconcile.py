@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import DynamicApiError
 from pydantic import ValidationError
 
-from stoker.api import VLLMService
+from stoker.api import VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.kube import Kube, Manifest
@@ -258,9 +258,11 @@ class Reconciler:
         self._write_status(body, new_status)
 
     def _write_status(self, body: Manifest, new_status: Manifest) -> None:
-        if new_status == (body.get("status") or {}):
+        # Through the status model: what is written has the CRD's shape, or this fails loudly here.
+        wanted = _status_document(new_status)
+        if wanted == _status_document(body.get("status") or {}):
             return  # nothing changed: no write, no watch event, no churn
-        self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], new_status)
+        self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], wanted)
 
     def _remove_superseded_seeds(self, svc: VLLMService, short_key: str) -> None:
         namespace, name = str(svc.namespace), svc.name
@@ -347,6 +349,10 @@ class Reconciler:
             body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
         )
         return record
+
+
+def _status_document(status: Manifest) -> Manifest:
+    return VLLMServiceStatus.model_validate(status).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _sample_summary(record: Manifest) -> Manifest:

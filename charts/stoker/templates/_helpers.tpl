@@ -1,0 +1,92 @@
+{{/* The chart's short name. */}}
+{{- define "stoker.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: names every object of the release. */}}
+{{- define "stoker.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "stoker.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "stoker.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "stoker.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "stoker.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "stoker.labels" -}}
+{{ include "stoker.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: stoker
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "stoker.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "stoker.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's ServiceAccount as an RBAC subject. */}}
+{{- define "stoker.subject" -}}
+- kind: ServiceAccount
+  name: {{ include "stoker.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end -}}
+
+{{- define "stoker.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+What the operator does in a namespace it watches, verb by verb (see src/stoker/controller):
+- VLLMServices: kopf lists and watches them and patches its own annotations; the status subresource
+  takes the operator's status patches; `finalizers: update` lets children carry an owner reference with
+  blockOwnerDeletion where the OwnerReferencesPermissionEnforcement admission plugin is on.
+- Children are written by server-side apply (patch; create when the object is new). Deployments and Jobs
+  are also read and watched; superseded seed Jobs are deleted. PVCs and Services are never read back.
+- Pods are listed and watched (startup timings); their logs are read; Events are listed (pod scheduling
+  and image-pull times) and created (the operator's own).
+*/}}
+{{- define "stoker.rules" -}}
+- apiGroups: ["stoker.dev"]
+  resources: ["vllmservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["stoker.dev"]
+  resources: ["vllmservices/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["stoker.dev"]
+  resources: ["vllmservices/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims", "services"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list", "create"]
+{{- end -}}

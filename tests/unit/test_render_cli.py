@@ -1,0 +1,64 @@
+"""`stoker render FILE`: the children of each VLLMService in a file, as multi-document YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stoker.render.cli import main, render_manifest_yaml
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def test_examples_exist() -> None:
+    names = {path.stem for path in EXAMPLES}
+    assert {"minimal", "gated-token", "pvc-weights", "tensor-parallel", "eager", "multi-replica"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_render(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(path)]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [document["kind"] for document in documents]
+    assert kinds[0] == "PersistentVolumeClaim"
+    assert kinds[-2:] == ["Deployment", "Service"]
+    assert "Job" in kinds
+
+
+def test_several_documents_and_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    minimal = (EXAMPLES[0].parent / "minimal.yaml").read_text()
+    second = minimal.replace("name: qwen-small", "name: qwen-other")
+    secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n"
+    path = tmp_path / "all.yaml"
+    path.write_text("\n---\n".join([minimal, secret, second]))
+    assert main([str(path)]) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    services = [d["metadata"]["name"] for d in documents if d["kind"] == "Service"]
+    assert services == ["qwen-small", "qwen-other"]
+
+
+def test_invalid_manifest_fails_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: bad}\n"
+        "spec: {model: {name: m}, runtime: {gpus: 3, tensorParallelSize: 2}}\n"
+    )
+    assert main([str(path)]) == 1
+    assert "tensorParallelSize must divide gpus" in capsys.readouterr().err
+
+
+def test_nothing_to_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
+    assert main([str(path)]) == 1
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    capsys.readouterr()
+
+
+def test_render_manifest_yaml() -> None:
+    manifest = yaml.safe_load((EXAMPLES[0].parent / "eager.yaml").read_text())
+    documents = list(yaml.safe_load_all(render_manifest_yaml(manifest)))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert "--enforce-eager" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
