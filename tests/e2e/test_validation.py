@@ -50,7 +50,9 @@ def test_example_applies_with_the_models_defaults(
     path: Path, crd: None, namespace: str, kubectl: Kubectl
 ) -> None:
     kubectl("-n", namespace, "create", "-f", str(path))
-    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    (name,) = [
+        d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "VLLMService"
+    ]
     stored = json.loads(kubectl("-n", namespace, "get", "vllmservice", name, "-o", "json").stdout)
     # The API server's defaults (from the CRD) and pydantic's agree: validating and dumping the stored
     # object changes nothing the server would keep.

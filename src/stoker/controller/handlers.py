@@ -33,9 +33,9 @@ def configure(settings: kopf.OperatorSettings, operator: OperatorSettings) -> No
 def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
     """Register the handlers on kopf's default registry (it carries kopf's login handlers)."""
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL)
-    @kopf.on.create(GROUP, VERSION, PLURAL)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile")
     def reconcile_service(namespace: str | None, name: str, **_: Any) -> None:
         try:
             outcome = reconciler.reconcile(str(namespace), name)
@@ -49,13 +49,13 @@ def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
         with contextlib.suppress(InvalidSpec):
             reconciler.reconcile(namespace, name)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, idle=None)
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, id="drift")
     def correct_drift(namespace: str | None, name: str, **_: Any) -> None:
         reconcile_quietly(str(namespace), name)
 
-    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
-    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-    @kopf.on.event("v1", "pods", labels=MANAGED)
+    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
+    @kopf.on.event("v1", "pods", labels=MANAGED, id="child")
     def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:

@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1.7
+# Two images from one file:
+#   docker build --target operator -t ghcr.io/stoker-dev/stoker:0.1.0 .
+#   docker build --target runtime  -t ghcr.io/stoker-dev/stoker-vllm:0.22.1 .
+# Every base image and package is pinned: tests/unit/test_dockerfile.py rejects floating tags.
+
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.22.1
+
+# ------------------------------------------------------------------------------------------ wheel
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+# --------------------------------------------------------------------------------------- operator
+FROM ${PYTHON_IMAGE} AS operator
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/stoker/bin:$PATH
+# pip compiles bytecode while installing, so a read-only root filesystem costs no import time.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    python -m venv /opt/stoker \
+    && /opt/stoker/bin/pip install --no-cache-dir /dist/stoker-*.whl \
+    && stoker run --help >/dev/null
+USER 65532:65532
+EXPOSE 8080 8081
+ENTRYPOINT ["stoker"]
+CMD ["run"]
+
+# ---------------------------------------------------------------------------------------- runtime
+FROM ${VLLM_IMAGE} AS runtime
+ARG VLLM_VERSION=0.22.1
+ARG RUNAI_STREAMER_VERSION=0.16.1
+# The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`.
+RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \
+    && python3 -c "import runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
+# Most of a warm start is Python imports, twice (API server and engine process). The upstream image is
+# installed by uv, which writes no bytecode, so every new pod would compile it again. Unchecked-hash .pyc
+# files are never re-validated against their sources: the image's files do not change. compileall exits
+# non-zero for the few files that are not valid Python 3 (tests, templates); they are never imported.
+RUN for site in $(python3 -c 'import sysconfig; print(*{sysconfig.get_path(k) for k in ("purelib", "platlib")})'); do \
+        python3 -m compileall -q -q -j 0 --invalidation-mode unchecked-hash "$site" || true; \
+    done
+# A non-root engine; group 1000 matches the fsGroup stoker sets on the engine pods' cache volumes.
+RUN (getent group 1000 >/dev/null || groupadd --gid 1000 vllm) \
+    && (getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin vllm) \
+    && install -d -o 1000 -g 1000 /home/vllm
+ENV HOME=/home/vllm
+USER 1000:1000
+EXPOSE 8000
+ENTRYPOINT ["vllm", "serve"]

@@ -1,0 +1,420 @@
+"""The Helm chart on the real control plane, and GitOps behaviour.
+
+The chart's operator pod cannot run under kwok (fake pods run nothing), so `helm install` proves that the
+chart's objects are valid and install; the operator itself then runs as a local process that signs in
+with a token of the chart's ServiceAccount. An example reaching Ready=True under that identity shows the
+chart's RBAC is enough; `kubectl auth can-i` shows it is not more than needed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import tomllib
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "stoker"
+EXAMPLE = REPO / "examples" / "minimal.yaml"
+ARTIFACTS = REPO / ".artifacts" / "e2e"
+RELEASE = "stoker"
+# Ports of their own: the session's operator fixture uses 28080/28081.
+METRICS_PORT, LIVENESS_PORT = 28180, 28181
+
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
+        time.sleep(0.5)
+    return value
+
+
+def get_json(kubectl, *args: str) -> dict[str, Any] | None:
+    result = kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def ready_condition(obj: dict[str, Any] | None) -> dict[str, Any]:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
+def example_name() -> str:
+    return str(yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"])
+
+
+def wait_ready(kubectl, namespace: str, name: str) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
+        return svc if ready_condition(svc).get("status") == "True" else None
+
+    return wait_for(ready, what=f"{namespace}/{name} Ready=True")
+
+
+def rendered(helm: Helm, *args: str) -> list[dict[str, Any]]:
+    out = helm("template", RELEASE, str(CHART), "--namespace", "ops", *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def helm(cluster) -> Helm:
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(cluster.bin_dir / "helm"), *args],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    return run
+
+
+# ------------------------------------------------------------------------------------- lint, template
+
+
+@pytest.mark.parametrize(
+    "values", [[], ["--set", "watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"]]
+)
+def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
+    helm("lint", "--strict", str(CHART), *values)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "image.tag=latest",
+        "unknownKey=1",
+        "metrics.port=0",
+        "operator.logLevel=TRACE",
+        "watchNamespaces={Bad_NS}",
+    ],
+)
+def test_values_schema_rejects_bad_values(helm: Helm, bad: str) -> None:
+    result = helm("template", RELEASE, str(CHART), "--set", bad, check=False)
+    assert result.returncode != 0 and "values don't meet the specifications" in result.stderr, result.stderr
+
+
+def test_chart_versions_and_crd_copy_match_the_project() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["version"] == "0.1.0" and chart["appVersion"] == version
+    crd = "stoker.dev_vllmservices.yaml"
+    assert (CHART / "crds" / crd).read_text() == (REPO / "crds" / crd).read_text()
+
+
+def test_operator_deployment_is_hardened(helm: Helm) -> None:
+    (deployment,) = of_kind(rendered(helm), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["image"] == "ghcr.io/stoker-dev/stoker:0.1.0"
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"metrics": 8080, "liveness": 8081}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["STOKER_METRICS_PORT"] == "8080" and env["STOKER_LIVENESS_PORT"] == "8081"
+    assert env["STOKER_NAMESPACES"] == "[]"
+
+
+def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for role in of_kind(docs, kind) for rule in role["rules"]]
+
+
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
+    docs = rendered(helm, *(["--set", "watchNamespaces={ml,research}"] if mode == "namespaced" else []))
+    rules = rules_of(docs, "ClusterRole") + rules_of(docs, "Role")
+    for rule in rules:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key], rule
+    verbs = {
+        (group, resource): set(rule["verbs"])
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert verbs[("", "pods/log")] == {"get"}
+    assert verbs[("stoker.dev", "vllmservices/status")] == {"get", "patch"}
+    assert verbs[("stoker.dev", "vllmservices/finalizers")] == {"update"}
+    for rule in rules:  # status and finalizers have rules of their own
+        if any("/" in resource for resource in rule["resources"]):
+            assert len(rule["resources"]) == 1, rule
+    assert ("", "secrets") not in verbs and ("", "configmaps") not in verbs
+    assert not any("escalate" in v or "bind" in v or "impersonate" in v for v in verbs.values())
+    workload_roles = of_kind(docs, "Role") if mode == "namespaced" else of_kind(docs, "ClusterRole")
+    if mode == "namespaced":
+        assert sorted(role["metadata"]["namespace"] for role in workload_roles) == ["ml", "research"]
+        # Cluster-wide, only what kopf observes: CRDs, and the namespaces it filters.
+        assert rules_of(docs, "ClusterRole") == [
+            {
+                "apiGroups": ["apiextensions.k8s.io"],
+                "resources": ["customresourcedefinitions"],
+                "verbs": ["list", "watch"],
+            },
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        ]
+    (deployment,) = of_kind(docs, "Deployment")
+    env = {
+        item["name"]: item["value"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert json.loads(env["STOKER_NAMESPACES"]) == (["ml", "research"] if mode == "namespaced" else [])
+
+
+def test_service_monitor_is_optional(helm: Helm) -> None:
+    assert not of_kind(rendered(helm), "ServiceMonitor")
+    (monitor,) = of_kind(rendered(helm, "--set", "serviceMonitor.enabled=true"), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    (service,) = of_kind(rendered(helm), "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+# ------------------------------------------------------------------------------ install, run, uninstall
+
+
+class ChartIdentityOperator:
+    """`stoker run` signed in as the chart's ServiceAccount (a minted token), on ports of its own."""
+
+    def __init__(self, cluster, kubectl, namespace: str, service_account: str, watch: list[str]) -> None:
+        self.log_path = ARTIFACTS / f"chart-operator-{namespace}.log"
+        self.kubeconfig = cluster.work_dir / f"chart-operator-{namespace}.kubeconfig"
+        token = kubectl(
+            "-n", namespace, "create", "token", service_account, "--duration=3600s"
+        ).stdout.strip()
+        admin = yaml.safe_load(cluster.kubeconfig.read_text())
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": admin["clusters"],
+                    "users": [{"name": service_account, "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "chart",
+                            "context": {"cluster": admin["clusters"][0]["name"], "user": service_account},
+                        }
+                    ],
+                    "current-context": "chart",
+                }
+            )
+        )
+        self.kubeconfig.chmod(0o600)
+        self.env = dict(
+            cluster.env,
+            KUBECONFIG=str(self.kubeconfig),
+            STOKER_NAMESPACES=json.dumps(watch),
+            STOKER_METRICS_PORT=str(METRICS_PORT),
+            STOKER_LIVENESS_PORT=str(LIVENESS_PORT),
+            STOKER_BIND_ADDRESS="127.0.0.1",
+            STOKER_DRIFT_INTERVAL_SECONDS="5",
+            PYTHONUNBUFFERED="1",
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ChartIdentityOperator:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [str(REPO / ".venv" / "bin" / "stoker"), "run"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(self._live, timeout=60, what=f"operator live (see {self.log_path})")
+        return self
+
+    def _live(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, (
+            f"operator exited; see {self.log_path}"
+        )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def __exit__(self, *_: object) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def admin_operator_paused(operator) -> Iterator[None]:
+    """The session's admin operator would reconcile the same objects: it stops while a test runs the
+    operator under the chart's identity, and starts again afterwards."""
+    operator.stop()
+    try:
+        yield
+    finally:
+        operator.start()
+
+
+def released_objects(kubectl, namespace: str) -> list[str]:
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/managed-by=Helm"
+    namespaced = kubectl(
+        "-n",
+        namespace,
+        "get",
+        "deployments,serviceaccounts,services,roles,rolebindings",
+        "-l",
+        selector,
+        "-o",
+        "name",
+    ).stdout.split()
+    cluster_scoped = kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
+    ).stdout.split()
+    # Other tests' releases share the name; cluster-scoped names carry their namespace.
+    return namespaced + [name for name in cluster_scoped if f"/{namespace}-" in name]
+
+
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_install_run_with_the_chart_identity_upgrade_uninstall(
+    mode: str, namespace: str, kubectl, helm: Helm, cluster, crd: None, admin_operator_paused: None
+) -> None:
+    watch = [namespace] if mode == "namespaced" else []
+    values = ["--set", f"watchNamespaces={{{namespace}}}"] if watch else []
+    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "120s", *values)
+    deployment = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
+    assert deployment and deployment["status"].get("availableReplicas") == 1
+    service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+
+    # What the identity may not do: least privilege, checked by the API server's own authorizer.
+    subject = f"--as=system:serviceaccount:{namespace}:{service_account}"
+    for denied in (
+        ("get", "secrets"),
+        ("delete", "deployments"),
+        ("delete", "vllmservices.stoker.dev"),
+        ("update", "vllmservices.stoker.dev"),
+        ("create", "pods"),
+        ("delete", "persistentvolumeclaims"),
+    ):
+        assert (
+            kubectl("auth", "can-i", *denied, "-n", namespace, subject, check=False).stdout.strip() == "no"
+        ), denied
+    if watch:
+        assert (
+            kubectl("auth", "can-i", "list", "pods", "-n", "default", subject, check=False).stdout.strip()
+            == "no"
+        )
+
+    with ChartIdentityOperator(cluster, kubectl, namespace, service_account, watch) as chart_operator:
+        kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
+        svc = wait_ready(kubectl, namespace, example_name())
+        assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+        metrics = chart_operator.metrics()
+        assert 'stoker_reconcile_total{result="converged"}' in metrics
+        assert 'stoker_reconcile_total{result="error"}' not in metrics
+        log = chart_operator.log()
+    # Nothing the operator or kopf asked for was refused.
+    refusals = [line for line in log.splitlines() if "Forbidden" in line or " 403" in line]
+    assert not refusals, "\n".join(refusals[:10])
+
+    helm(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--wait",
+        "--timeout",
+        "120s",
+        *values,
+        "--set",
+        "operator.logLevel=DEBUG",
+    )
+    upgraded = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
+    assert upgraded is not None
+    env = {e["name"]: e["value"] for e in upgraded["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["STOKER_LOG_LEVEL"] == "DEBUG" and upgraded["spec"]["strategy"]["type"] == "Recreate"
+    assert json.loads(helm("history", RELEASE, "-n", namespace, "-o", "json").stdout)[-1]["revision"] == 2
+
+    assert released_objects(kubectl, namespace)
+    helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "120s")
+    assert released_objects(kubectl, namespace) == []
+    # CRDs from crds/ stay, as Helm intends, and so do the user's VLLMServices.
+    assert get_json(kubectl, "crd", "vllmservices.stoker.dev")
+    assert get_json(kubectl, "-n", namespace, "vllmservice", example_name())
+
+
+# ------------------------------------------------------------------------------------------------- GitOps
+
+
+def spec_owners(obj: dict[str, Any]) -> set[str]:
+    """Field managers that own anything under spec."""
+    return {
+        entry["manager"]
+        for entry in obj["metadata"].get("managedFields") or []
+        if "f:spec" in (entry.get("fieldsV1") or {})
+    }
+
+
+def converged_reconciles(operator) -> float:
+    for line in operator.metrics().splitlines():
+        if line.startswith('stoker_reconcile_total{result="converged"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("apply_mode", ["client-side", "server-side"])
+def test_reapplying_the_same_manifests_changes_nothing(
+    apply_mode: str, namespace: str, kubectl, operator
+) -> None:
+    """What Argo CD or Flux do on every sync: apply again and expect no diff and no new generation."""
+    manager = ["--server-side", "--field-manager=gitops"] if apply_mode == "server-side" else []
+    name = example_name()
+    kubectl("-n", namespace, "apply", *manager, "-f", str(EXAMPLE))
+    before = wait_ready(kubectl, namespace, name)
+    # Let drift-timer reconciles (5 s apart) pass: they must not touch spec either.
+    passed = converged_reconciles(operator) + 2
+    wait_for(lambda: converged_reconciles(operator) >= passed, what="two more reconciles")
+    kubectl("-n", namespace, "apply", *manager, "-f", str(EXAMPLE))
+    diff = kubectl("-n", namespace, "diff", *manager, "-f", str(EXAMPLE), check=False)
+    assert diff.returncode == 0 and diff.stdout == "", diff.stdout + diff.stderr
+    after = get_json(kubectl, "-n", namespace, "vllmservice", name, "--show-managed-fields")
+    assert after is not None
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"] == before["spec"]
+    assert ready_condition(after)["status"] == "True"
+    # Only the applier owns spec; the operator's one field manager owns status, through the subresource.
+    applier = "gitops" if apply_mode == "server-side" else "kubectl-client-side-apply"
+    assert spec_owners(after) == {applier}
+    operator_entries = [e for e in after["metadata"]["managedFields"] if e["manager"] == "stoker"]
+    assert operator_entries and all(e.get("subresource") == "status" for e in operator_entries)
