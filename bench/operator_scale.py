@@ -72,7 +72,14 @@ def wait_live(process: subprocess.Popen[bytes]) -> None:
 def run(count: int) -> dict:
     env = dict(os.environ, **CLUSTER_ENV)
     cluster = REPO / "hack" / "cluster"
-    subprocess.run([cluster, "up"], env=env, check=True)
+    try:
+        subprocess.run([cluster, "up"], env=env, check=True)
+        return measure(count, env, cluster)
+    finally:
+        subprocess.run([cluster, "down"], env=env, check=False)
+
+
+def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
     exports = subprocess.run([cluster, "env"], env=env, check=True, capture_output=True, text=True).stdout
     kubeconfig = exports.split('KUBECONFIG="')[1].split('"')[0]
     bin_dir = exports.split('PATH="')[1].split(":")[0]
@@ -162,7 +169,6 @@ def run(count: int) -> dict:
     finally:
         operator.terminate()
         operator.wait(timeout=30)
-        subprocess.run([cluster, "down"], env=env, check=False)
 
 
 def main() -> int:

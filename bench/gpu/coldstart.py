@@ -301,6 +301,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--profiles", default="stoker,stoker-fork,stoker-fork-nocompile")
+    parser.add_argument("--first-repetition", type=int, default=1, help="to go on after an interruption")
     parser.add_argument("--skip-stock", action="store_true", help="only stoker's runs (safety checks)")
     parser.add_argument(
         "--stop-after", type=float, default=1300, help="seconds; no run starts that would end later"
@@ -314,7 +315,7 @@ def main() -> None:
     seed = seed_invocation(svc)
     budget = Budget(args.stop_after)
     profiles, repetitions = args.profiles.split(","), args.repetitions
-    rep = 1
+    rep = args.first_repetition
     while rep <= repetitions:
         if PLAN_OVERRIDE.exists():
             plan = json.loads(PLAN_OVERRIDE.read_text())

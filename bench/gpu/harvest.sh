@@ -1,7 +1,8 @@
 #!/bin/bash
-# Device call while the driver runs: wait up to SECONDS (or until it prints "done"), then copy what it has
-# written (logs gzipped) into $OUT. usage: bench/gpu/harvest.sh SECONDS
+# Device call while the driver runs: wait up to SECONDS (or until it prints "done"), then pack what it has
+# written under /root/bench-out into $OUT/bench-out.tgz (the device returns few files a call).
+# /root/bench-out, never $OUT itself: $OUT is emptied before every call. usage: bench/gpu/harvest.sh SECONDS
 end=$(( $(date +%s) + $1 ))
-while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done /root/out/driver.log 2>/dev/null; do sleep 5; done
-mkdir -p "$OUT/out" && cp -r /root/out/. "$OUT/out/" && gzip -rf "$OUT/out/logs" "$OUT/out/importtime.txt" 2>/dev/null
-cat /root/out/driver.log
+while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done /root/bench-out/driver.log 2>/dev/null; do sleep 5; done
+tar -C /root -czf "$OUT/bench-out.tgz" bench-out
+cat /root/bench-out/driver.log

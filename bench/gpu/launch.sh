@@ -6,8 +6,8 @@
 set -euo pipefail
 part_dir=$1 lease=$2 call_budget=$3; shift 3
 start=$(date +%s)
-mkdir -p /root/stage /root/out /models && cp "$part_dir"/part-* /root/stage/
-python3 bench/gpu/make_model.py /models/synth8b > /root/out/model.json 2>&1 &
+mkdir -p /root/stage /root/bench-out /models && cp "$part_dir"/part-* /root/stage/
+python3 bench/gpu/make_model.py /models/synth8b > /root/bench-out/model.json 2>&1 &
 model=$!
 # The image ships torch without bytecode (PYTHONDONTWRITEBYTECODE=1, so none is ever written): every process
 # would compile torch's sources again. A real image ships bytecode; compile it once, for every profile alike.
@@ -17,11 +17,11 @@ wait $model
 rm -rf /root/bench && mkdir -p /root/bench && cp -r bench/gpu src /root/bench/
 # Where the ~20 s before vLLM's first line go: one import profile of the API server, cold page cache.
 sync && echo 3 > /proc/sys/vm/drop_caches
-PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" 2> /root/out/importtime.txt || true
+PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" 2> /root/bench-out/importtime.txt || true
 cd /root/bench/gpu
 stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
-PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 coldstart.py llama-8b.json /root/out \
-    --stop-after "$stop_after" "$@" > /root/out/driver.log 2>&1 < /dev/null &
+PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 coldstart.py llama-8b.json /root/bench-out \
+    --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
 echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
 cd - > /dev/null
 exec bash bench/gpu/harvest.sh $(( call_budget - ($(date +%s) - start) ))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+
+from tests.e2e.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -51,13 +52,6 @@ spec:
             - rule: self.min <= self.max
               message: spec.min must not exceed spec.max
 """
-
-
-def wait_for(predicate, timeout: float = 60, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
-        time.sleep(interval)
 
 
 def test_gpu_pods_of_a_deployment_run_on_fake_gpu_nodes(namespace, kubectl):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import tomllib
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,6 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -33,34 +34,8 @@ METRICS_PORT, LIVENESS_PORT = 28180, 28181
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
-        time.sleep(0.5)
-    return value
-
-
-def get_json(kubectl, *args: str) -> dict[str, Any] | None:
-    result = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-def ready_condition(obj: dict[str, Any] | None) -> dict[str, Any]:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == "Ready"), {})
-
-
 def example_name() -> str:
     return str(yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"])
-
-
-def wait_ready(kubectl, namespace: str, name: str) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
-        return svc if ready_condition(svc).get("status") == "True" else None
-
-    return wait_for(ready, what=f"{namespace}/{name} Ready=True")
 
 
 def rendered(helm: Helm, *args: str) -> list[dict[str, Any]]:
@@ -412,7 +387,7 @@ def test_reapplying_the_same_manifests_changes_nothing(
     assert after is not None
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert after["spec"] == before["spec"]
-    assert ready_condition(after)["status"] == "True"
+    assert condition(after, "Ready")["status"] == "True"
     # Only the applier owns spec; the operator's one field manager owns status, through the subresource.
     applier = "gitops" if apply_mode == "server-side" else "kubectl-client-side-apply"
     assert spec_owners(after) == {applier}

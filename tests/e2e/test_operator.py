@@ -9,40 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-
-
-def wait_for(predicate, timeout: float = 90, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
-        time.sleep(interval)
-
-
-def get(kubectl, namespace: str, *what: str) -> dict | None:
-    result = kubectl("-n", namespace, "get", *what, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
-
-
-def condition(obj: dict | None, kind: str) -> dict:
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c["type"] == kind:
-            return c
-    return {}
-
-
-def wait_ready(kubectl, namespace: str, name: str, timeout: float = 120) -> dict:
-    def ready():
-        svc = get(kubectl, namespace, "vllmservice", name)
-        return svc if condition(svc, "Ready").get("status") == "True" else None
-
-    return wait_for(ready, timeout, what=f"{name} Ready")
 
 
 def service_manifests(path: Path) -> list[dict]:
@@ -75,17 +47,17 @@ def test_each_example_converges_with_owned_children(example, namespace, kubectl,
         name = manifest["metadata"]["name"]
         svc = wait_ready(kubectl, namespace, name)
         replicas = manifest["spec"].get("runtime", {}).get("replicas", 1)
-        deployment = get(kubectl, namespace, "deployment", name)
+        deployment = get_json(kubectl, "-n", namespace, "deployment", name)
         assert deployment and owned_by(deployment, svc)
         assert deployment["status"].get("readyReplicas", 0) == replicas
-        assert owned_by(get(kubectl, namespace, "service", name), svc)
+        assert owned_by(get_json(kubectl, "-n", namespace, "service", name), svc)
         cold_start = manifest["spec"].get("coldStart", {})
         if cold_start.get("compileCache", {}).get("enabled", True):
-            pvc = get(kubectl, namespace, "pvc", f"{name}-cache")
+            pvc = get_json(kubectl, "-n", namespace, "pvc", f"{name}-cache")
             assert pvc and owned_by(pvc, svc) and pvc["status"]["phase"] == "Bound"
             if cold_start.get("seed", {}).get("enabled", True):
                 job_name = f"{name}-seed-{svc['status']['cache']['key'][:10]}"
-                job = get(kubectl, namespace, "job", job_name)
+                job = get_json(kubectl, "-n", namespace, "job", job_name)
                 assert job and owned_by(job, svc)
                 assert any(c["type"] == "Complete" for c in job["status"].get("conditions", []))
                 assert condition(svc, "CacheSeeded")["status"] == "True"
@@ -106,18 +78,21 @@ def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, ku
     )
     wait_for(
         lambda: (
-            (get(kubectl, namespace, "deployment", "rekey") or {}).get("status", {}).get("readyReplicas") == 2
+            (get_json(kubectl, "-n", namespace, "deployment", "rekey") or {})
+            .get("status", {})
+            .get("readyReplicas")
+            == 2
         )
     )
     assert wait_ready(kubectl, namespace, "rekey")["status"]["cache"]["key"] == first
-    jobs = get(kubectl, namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")
+    jobs = get_json(kubectl, "-n", namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")
     assert [j["metadata"]["name"] for j in jobs["items"]] == [f"rekey-seed-{first[:10]}"]
 
     patch = '{"spec":{"runtime":{"maxModelLen":2048}}}'
     kubectl("-n", namespace, "patch", "vsvc", "rekey", "--type=merge", "-p", patch)
 
     def rekeyed():
-        svc = get(kubectl, namespace, "vllmservice", "rekey")
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", "rekey")
         key = svc["status"].get("cache", {}).get("key")
         return key if key and key != first else None
 
@@ -125,7 +100,7 @@ def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, ku
     wait_ready(kubectl, namespace, "rekey")
 
     def only_new_seed():
-        jobs = get(kubectl, namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")["items"]
+        jobs = get_json(kubectl, "-n", namespace, "jobs", "-l", "app.kubernetes.io/instance=rekey")["items"]
         return [j["metadata"]["name"] for j in jobs if not j["metadata"].get("deletionTimestamp")]
 
     wait_for(lambda: only_new_seed() == [f"rekey-seed-{second[:10]}"], what="superseded seed removed")
@@ -136,9 +111,14 @@ def test_hand_edits_and_deletions_are_undone(namespace, kubectl, operator):
     wait_ready(kubectl, namespace, "drift")
     kubectl("-n", namespace, "scale", "deployment", "drift", "--replicas=5")
     kubectl("-n", namespace, "delete", "service", "drift")
-    wait_for(lambda: get(kubectl, namespace, "service", "drift"), timeout=30, what="service recreated")
     wait_for(
-        lambda: (get(kubectl, namespace, "deployment", "drift") or {}).get("spec", {}).get("replicas") == 2,
+        lambda: get_json(kubectl, "-n", namespace, "service", "drift"), timeout=30, what="service recreated"
+    )
+    wait_for(
+        lambda: (
+            (get_json(kubectl, "-n", namespace, "deployment", "drift") or {}).get("spec", {}).get("replicas")
+            == 2
+        ),
         timeout=30,
         what="replicas restored",
     )
@@ -175,5 +155,7 @@ def test_an_operator_killed_mid_reconcile_converges_without_duplicates(namespace
     for name in names:
         wait_ready(kubectl, namespace, name)
         for kind in ("deployments", "services", "jobs", "pvc"):
-            found = get(kubectl, namespace, kind, "-l", f"app.kubernetes.io/instance={name}")["items"]
+            found = get_json(kubectl, "-n", namespace, kind, "-l", f"app.kubernetes.io/instance={name}")[
+                "items"
+            ]
             assert len(found) == 1, (kind, [f["metadata"]["name"] for f in found])

@@ -1,0 +1,38 @@
+"""Polling and lookup helpers shared by the e2e tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
+    """Poll until predicate returns something truthy, and return it."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
+        time.sleep(0.5)
+    return value
+
+
+def get_json(kubectl: Callable[..., Any], *args: str) -> dict[str, Any] | None:
+    """`kubectl get ARGS -o json`, or None when the object does not exist."""
+    result = kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), {})
+
+
+def wait_ready(
+    kubectl: Callable[..., Any], namespace: str, name: str, timeout: float = 120
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
+        return svc if condition(svc, "Ready").get("status") == "True" else None
+
+    return wait_for(ready, timeout, what=f"{namespace}/{name} Ready=True")
