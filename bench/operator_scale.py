@@ -57,6 +57,11 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError("no VmHWM")
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def wait_live(process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -104,7 +109,7 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
             STOKER_METRICS_PORT=str(METRICS_PORT),
             STOKER_LIVENESS_PORT=str(LIVENESS_PORT),
             STOKER_BIND_ADDRESS="127.0.0.1",
-            STOKER_LOG_LEVEL="WARNING",
+            STOKER_LOG_LEVEL=os.environ.get("STOKER_LOG_LEVEL", "WARNING"),
         ),
         stdout=operator_log,
         stderr=subprocess.STDOUT,
@@ -156,6 +161,18 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
             time.sleep(0.5)
         stop.set()
         latencies = [deployment_seen[name] - applied[name] for name in applied if name in deployment_seen]
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
+            exposition = response.read().decode()
+        reconciles = sum(
+            float(line.split()[-1])
+            for line in exposition.splitlines()
+            if line.startswith("stoker_reconcile_total{")
+        )
+        reconcile_seconds = sum(
+            float(line.split()[-1])
+            for line in exposition.splitlines()
+            if line.startswith("stoker_reconcile_duration_seconds_sum{")
+        )
         return {
             "services": count,
             "applySeconds": round(apply_seconds, 2),
@@ -164,6 +181,9 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
             "applyToDeploymentP99Seconds": round(percentile(latencies, 0.99), 3),
             "allReadySeconds": round(all_ready_at - started, 2) if all_ready_at else None,
             "operatorPeakRssMiB": round(peak_rss_mib(operator.pid), 1),
+            "operatorCpuSeconds": round(cpu_seconds(operator.pid), 1),
+            "reconciles": int(reconciles),
+            "meanReconcileSeconds": round(reconcile_seconds / max(reconciles, 1), 3),
             "machine": f"{os.cpu_count()} cores",
         }
     finally:

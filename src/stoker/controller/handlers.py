@@ -1,8 +1,7 @@
-"""kopf handlers: thin triggers for the one reconcile. None of them branches on the event type."""
+"""kopf handlers: thin triggers that put an object on the work queue. None branches on the event type."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -10,15 +9,18 @@ from typing import Any
 import kopf
 
 from stoker.api import GROUP, PLURAL, VERSION
-from stoker.controller.reconcile import InvalidSpec, Reconciler
+from stoker.controller.reconcile import pod_is_ready
 from stoker.controller.settings import OperatorSettings
+from stoker.controller.workqueue import WorkQueue
 
 MANAGED = {"app.kubernetes.io/managed-by": "stoker"}
 INSTANCE_LABEL = "app.kubernetes.io/instance"
-WAIT_RETRY_SECONDS = 10
+# A child's changes come in bursts (a rollout touches a Deployment and its pods many times): wait this
+# long so that one reconcile sees the whole burst.
+CHILD_EVENT_DELAY_SECONDS = 0.5
 
 
-def configure(settings: kopf.OperatorSettings, operator: OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings) -> None:
     """kopf's own state lives under the project's API group; only warnings become kopf Events."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -26,37 +28,33 @@ def configure(settings: kopf.OperatorSettings, operator: OperatorSettings) -> No
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = operator.workers
     settings.watching.server_timeout = 300
 
 
-def register(reconciler: Reconciler, operator: OperatorSettings) -> None:
+def pod_ready(body: kopf.Body, **_: Any) -> bool:
+    """Only a Ready pod brings news: its startup log can be read. Replica counts come from Deployments."""
+    return pod_is_ready(dict(body))
+
+
+def register(queue: WorkQueue, operator: OperatorSettings) -> None:
     """Register the handlers on kopf's default registry (it carries kopf's login handlers)."""
 
+    # Spec changes and (re)starts apply every child: resync.
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile")
     def reconcile_service(namespace: str | None, name: str, **_: Any) -> None:
-        try:
-            outcome = reconciler.reconcile(str(namespace), name)
-        except InvalidSpec as error:
-            raise kopf.PermanentError(str(error)) from None
-        if outcome.waiting_for:
-            raise kopf.TemporaryError(f"Waiting for {outcome.waiting_for}", delay=WAIT_RETRY_SECONDS)
+        queue.add((str(namespace), name), resync=True)
 
-    def reconcile_quietly(namespace: str, name: str) -> None:
-        # An invalid spec is already in status and in an Event; a retry from here changes nothing.
-        with contextlib.suppress(InvalidSpec):
-            reconciler.reconcile(namespace, name)
-
+    # Drift: hand edits and deleted children are undone within one interval.
     @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, id="drift")
     def correct_drift(namespace: str | None, name: str, **_: Any) -> None:
-        reconcile_quietly(str(namespace), name)
+        queue.add((str(namespace), name), resync=True)
 
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
-    @kopf.on.event("v1", "pods", labels=MANAGED, id="child")
+    @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_ready, id="child")
     def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
-            reconcile_quietly(str(namespace), owner)
+            queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)

@@ -29,8 +29,10 @@ def load_config() -> None:
 
 
 class Kube:
-    def __init__(self, field_manager: str, api_client: client.ApiClient | None = None) -> None:
-        self.api_client = api_client or client.ApiClient()
+    def __init__(self, field_manager: str, connections: int) -> None:
+        configuration = client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = connections  # one per worker thread, none discarded
+        self.api_client = client.ApiClient(configuration)
         self.dynamic = DynamicClient(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)

@@ -15,6 +15,7 @@ from stoker.controller import handlers
 from stoker.controller.kube import Kube, load_config
 from stoker.controller.reconcile import Reconciler
 from stoker.controller.settings import OperatorSettings
+from stoker.controller.workqueue import WorkQueue
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,10 +32,12 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     load_config()
-    reconciler = Reconciler(Kube(settings.field_manager), settings)
-    handlers.register(reconciler, settings)
+    reconciler = Reconciler(Kube(settings.field_manager, connections=settings.workers + 4), settings)
+    queue = WorkQueue(reconciler.reconcile, settings.workers)
+    queue.start()
+    handlers.register(queue, settings)
     kopf_settings = kopf.OperatorSettings()
-    handlers.configure(kopf_settings, settings)
+    handlers.configure(kopf_settings)
     prometheus_client.start_http_server(settings.metrics_port, addr=settings.bind_address)
     logging.getLogger(__name__).info(
         "Starting operator namespaces=%s metrics=%s:%d liveness=%s:%d",
@@ -44,13 +47,16 @@ def main(argv: list[str]) -> int:
         settings.bind_address,
         settings.liveness_port,
     )
-    asyncio.run(
-        kopf.operator(
-            settings=kopf_settings,
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            liveness_endpoint=f"http://{settings.bind_address}:{settings.liveness_port}/healthz",
+    try:
+        asyncio.run(
+            kopf.operator(
+                settings=kopf_settings,
+                standalone=True,
+                clusterwide=not settings.namespaces,
+                namespaces=settings.namespaces,
+                liveness_endpoint=f"http://{settings.bind_address}:{settings.liveness_port}/healthz",
+            )
         )
-    )
+    finally:
+        queue.stop()
     return 0

@@ -7,10 +7,12 @@ which reads the object fresh from the API server, so no decision depends on what
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import statistics
 import threading
-from collections import defaultdict
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,6 +26,7 @@ from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.settings import OperatorSettings
+from stoker.controller.workqueue import ObjectKey
 from stoker.phases import kubernetes_phases, parse_log, summarize
 from stoker.render import (
     CACHE_KEY_LABEL,
@@ -39,6 +42,10 @@ from stoker.render import (
 )
 
 log = logging.getLogger(__name__)
+
+
+LOG_RETRY_SECONDS = 10.0
+LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
 
 
 class InvalidSpec(Exception):
@@ -80,32 +87,37 @@ def main_container_status(pod: Manifest) -> Manifest | None:
 
 
 class Reconciler:
+    """Reconciles one object at a time per key; the work queue guarantees no two runs of one key overlap."""
+
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         self.kube = kube
         self.settings = settings
-        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        self._locks_guard = threading.Lock()
+        # Digest of each child as this process last applied it, per object: an unchanged child is not
+        # sent again until the next resync, which re-applies everything and so undoes hand edits.
+        self._applied: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+        self._applied_guard = threading.Lock()
+        self._log_retry_at: dict[tuple[str, int], float] = {}
 
-    def reconcile(self, namespace: str, name: str) -> Outcome:
-        with self._locks_guard:
-            lock = self._locks[(namespace, name)]
-        with lock:  # one reconcile per object at a time, whatever triggered it
-            body = self.kube.get_service(namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return Outcome()
-            with metrics.RECONCILE_SECONDS.labels("any").time():
-                try:
-                    outcome = self._reconcile(body)
-                except InvalidSpec:
-                    metrics.RECONCILES.labels("invalid").inc()
-                    raise
-                except Exception:
-                    metrics.RECONCILES.labels("error").inc()
-                    raise
-            metrics.RECONCILES.labels("waiting" if outcome.waiting_for else "converged").inc()
-            return outcome
+    def reconcile(self, key: ObjectKey, resync: bool) -> None:
+        namespace, name = key
+        body = self.kube.get_service(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            with self._applied_guard:
+                self._applied.pop((namespace, name), None)
+            return
+        with self._applied_guard:
+            applied = self._applied.setdefault((namespace, name), {})
+        started, result = time.monotonic(), "error"
+        try:
+            outcome = self._reconcile(body, applied, resync)
+            result = "waiting" if outcome.waiting_for else "converged"
+        except InvalidSpec:
+            result = "invalid"  # reported in status and as an Event; retrying changes nothing
+        finally:
+            metrics.RECONCILES.labels(result).inc()
+            metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
 
-    def _reconcile(self, body: Manifest) -> Outcome:
+    def _reconcile(self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool) -> Outcome:
         meta, status = body["metadata"], body.get("status") or {}
         generation = int(meta.get("generation") or 0)
         try:
@@ -118,7 +130,10 @@ class Reconciler:
         cache = dict(status.get("cache") or {})
         seeding = seed_wanted(svc)
         seed_name = seed_job_name(svc.name, short_key)
-        seed_job = self.kube.get("batch/v1", "Job", meta["namespace"], seed_name) if seeding else None
+        seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
+        # Once seeded and its run recorded, the Job has nothing more to tell.
+        seed_needed = seeding and not (cache.get("seededKey") == key and seed_recorded)
+        seed_job = self.kube.get("batch/v1", "Job", meta["namespace"], seed_name) if seed_needed else None
         seed_outcome = job_outcome(seed_job)
         if seed_outcome == "succeeded" and cache.get("seededKey") != key:
             cache["seededKey"] = key
@@ -140,19 +155,25 @@ class Reconciler:
             if kind == "Deployment" and gate_closed and deployment is not None:
                 continue
             kopf.append_owner_reference(child, owner=kopf.Body(cast(kopf.RawBody, body)))
+            child_id = (kind, child["metadata"]["name"])
+            digest = hashlib.sha256(json.dumps(child, sort_keys=True).encode()).hexdigest()
+            if not resync and applied.get(child_id) == digest:
+                continue
             try:
-                applied = self.kube.apply(child)
+                live = self.kube.apply(child)
+                applied[child_id] = digest
             except DynamicApiError as error:
                 if error.status is None or error.status >= 500 or error.status == 409:
                     raise
                 apply_errors.append(f"{kind} {child['metadata']['name']}: {error.summary()}")
                 continue
             if kind == "Deployment":
-                deployment = applied
+                deployment = live
             elif kind == "Job":
-                seed_job, seed_outcome = applied, "running"
+                seed_job, seed_outcome = live, "running"
                 self.kube.post_event(body, "SeedStarted", f"Started seed job {child['metadata']['name']}")
-        self._remove_superseded_seeds(svc, short_key)
+        if resync or cache.get("key") != key:
+            self._remove_superseded_seeds(svc, short_key)
 
         startup = self._collect_startup(body, svc, status.get("startup") or {}, seed_job, short_key)
         last = startup.get("last") or {}
@@ -318,6 +339,9 @@ class Reconciler:
         self, body: Manifest, pod: Manifest, container: Manifest, role: str
     ) -> Manifest | None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
+        if time.monotonic() < self._log_retry_at.get(attempt, 0.0):
+            return None  # its log was unreadable moments ago; do not ask on every event
         state = container.get("state") or {}
         started_at = (state.get("running") or state.get("terminated") or {}).get("startedAt")
         try:
@@ -328,7 +352,11 @@ class Reconciler:
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
             log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
+            if len(self._log_retry_at) > LOG_RETRY_MEMORY:
+                self._log_retry_at.clear()
+            self._log_retry_at[attempt] = time.monotonic() + LOG_RETRY_SECONDS
             return None
+        self._log_retry_at.pop(attempt, None)
         # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
         phases = {**kube_phases, **timeline.phases}
         record: Manifest = {

@@ -1,0 +1,86 @@
+import threading
+import time
+
+from stoker.controller.workqueue import WorkQueue
+
+
+class Recorder:
+    def __init__(self, hold: float = 0.0, fail_first: int = 0) -> None:
+        self.runs: list[tuple[tuple[str, str], bool]] = []
+        self.running: set[tuple[str, str]] = set()
+        self.overlaps = 0
+        self.hold = hold
+        self.fail_first = fail_first
+        self.lock = threading.Lock()
+
+    def __call__(self, key: tuple[str, str], resync: bool) -> None:
+        with self.lock:
+            self.overlaps += key in self.running
+            self.running.add(key)
+            self.runs.append((key, resync))
+            fail = len(self.runs) <= self.fail_first
+        time.sleep(self.hold)
+        with self.lock:
+            self.running.discard(key)
+        if fail:
+            raise RuntimeError("boom")
+
+
+def settle(queue: WorkQueue, seconds: float = 0.3) -> None:
+    time.sleep(seconds)
+    queue.stop()
+
+
+def test_a_burst_of_events_for_one_key_is_one_run_and_resync_sticks():
+    recorder = Recorder()
+    queue = WorkQueue(recorder, workers=4)
+    for _ in range(50):
+        queue.add(("ns", "a"), resync=False, delay=0.05)
+    queue.add(("ns", "a"), resync=True, delay=0.05)
+    queue.start()
+    settle(queue)
+    assert recorder.runs == [(("ns", "a"), True)]
+
+
+def test_an_event_during_a_run_makes_one_more_run_and_runs_never_overlap():
+    recorder = Recorder(hold=0.1)
+    queue = WorkQueue(recorder, workers=4)
+    queue.start()
+    queue.add(("ns", "a"), resync=False)
+    time.sleep(0.03)
+    for _ in range(10):
+        queue.add(("ns", "a"), resync=False)
+    settle(queue, 0.5)
+    assert len(recorder.runs) == 2 and recorder.overlaps == 0
+
+
+def test_a_sooner_request_overrides_a_later_one():
+    recorder = Recorder()
+    queue = WorkQueue(recorder, workers=1)
+    queue.start()
+    queue.add(("ns", "a"), resync=False, delay=30)
+    queue.add(("ns", "a"), resync=False)
+    settle(queue)
+    assert len(recorder.runs) == 1
+
+
+def test_a_failed_run_is_retried_with_resync():
+    recorder = Recorder(fail_first=1)
+    queue = WorkQueue(recorder, workers=2)
+    queue.start()
+    queue.add(("ns", "a"), resync=False)
+    settle(queue, 1.5)
+    assert recorder.runs == [(("ns", "a"), False), (("ns", "a"), True)]
+
+
+def test_keys_run_in_parallel():
+    recorder = Recorder(hold=0.2)
+    queue = WorkQueue(recorder, workers=4)
+    queue.start()
+    started = time.monotonic()
+    for name in "abcd":
+        queue.add(("ns", name), resync=True)
+    while len(recorder.runs) < 4 or recorder.running:
+        time.sleep(0.01)
+    assert time.monotonic() - started < 0.6
+    queue.stop()
