@@ -10,6 +10,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="stoker", description=__doc__)
     parser.add_argument("command", choices=["run", "render", "phases"], help="what to do")
+    if args[:1] in (["-h"], ["--help"]):
+        parser.print_help()
+        return 0
     if not args or args[0] not in {"run", "render", "phases"}:
         parser.print_help(sys.stderr)
         return 2
