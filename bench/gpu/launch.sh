@@ -2,7 +2,7 @@
 # Device call after the last bundle part arrived: install vLLM, write the model, profile imports once, then
 # start the benchmark driver detached (it outlives this call) and wait for it like harvest.sh does.
 # The driver starts no run that would end after /root/t0 (written by the first call) + LEASE_S.
-# usage (repo root, on the device): bench/gpu/launch.sh LAST_PART_DIR LEASE_S CALL_BUDGET_S [driver args]
+# usage (repo root, on the device): [MANIFEST=llama-8b-tp2.json] bench/gpu/launch.sh LAST_PART_DIR LEASE_S CALL_BUDGET_S [driver args]
 set -euo pipefail
 part_dir=$1 lease=$2 call_budget=$3; shift 3
 start=$(date +%s)
@@ -20,7 +20,7 @@ sync && echo 3 > /proc/sys/vm/drop_caches
 PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" 2> /root/bench-out/importtime.txt || true
 cd /root/bench/gpu
 stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
-PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 coldstart.py llama-8b.json /root/bench-out \
+PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 coldstart.py "${MANIFEST:-llama-8b.json}" /root/bench-out \
     --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
 echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
 cd - > /dev/null

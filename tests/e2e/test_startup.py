@@ -104,6 +104,8 @@ def test_recorded_startups_reach_status_events_and_metrics(
     assert status["startup"]["seed"]["compileCache"] == "miss"
     assert status["startup"]["recent"]["samples"] == 1
     assert status["cache"]["lastHit"] is (cache == "hit")
+    table = kubectl("-n", namespace, "get", "vsvc", "timed").stdout  # the Startup(s) printer column
+    assert f"{expected.total_seconds:.2f}".rstrip("0").rstrip(".") in table, table
 
     def degraded_reason():
         svc = get_json(kubectl, "-n", namespace, "vllmservice", "timed")
