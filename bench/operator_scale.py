@@ -122,8 +122,12 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
         def watch_deployments() -> None:
             apps = client.AppsV1Api(api_client)
             stream = watch.Watch()
-            for event in stream.stream(apps.list_namespaced_deployment, NAMESPACE, timeout_seconds=600):
-                name = event["object"].metadata.name
+            # Plain JSON, no model objects: the watcher must not lag behind what it times.
+            events = stream.stream(
+                apps.list_namespaced_deployment, NAMESPACE, timeout_seconds=600, deserialize=False
+            )
+            for event in events:
+                name = event["object"]["metadata"]["name"]
                 deployment_seen.setdefault(name, time.monotonic())
                 if stop.is_set() or len(deployment_seen) >= count:
                     stream.stop()

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -125,37 +126,55 @@ def _collect_artifacts(test_name: str, namespace: str, cluster: Cluster, kubectl
 
 
 class Operator:
-    """`stoker run` as a real process against the test cluster, on ports of its own."""
+    """`stoker run` as a real process against the test cluster, on ports of its own.
 
-    def __init__(self, cluster: Cluster, log_path: Path) -> None:
-        self.cluster = cluster
+    `env` overrides the environment, e.g. a KUBECONFIG that signs in as another identity.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        log_path: Path,
+        *,
+        metrics_port: int = 28080,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.log_path = log_path
-        self.metrics_port = int(os.environ.get("STOKER_TEST_METRICS_PORT", "28080"))
-        self.liveness_port = self.metrics_port + 1
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = dict(
-            self.cluster.env,
+        self.metrics_port = metrics_port
+        self.liveness_port = metrics_port + 1
+        self.env = dict(
+            cluster.env,
             STOKER_METRICS_PORT=str(self.metrics_port),
             STOKER_LIVENESS_PORT=str(self.liveness_port),
             STOKER_BIND_ADDRESS="127.0.0.1",
             STOKER_DRIFT_INTERVAL_SECONDS="5",
             PYTHONUNBUFFERED="1",
+            **(env or {}),
         )
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [str(REPO / ".venv" / "bin" / "stoker"), "run"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(REPO / ".venv" / "bin" / "stoker"), "run"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
         while not self._live():
             assert self.process.poll() is None, f"operator exited; see {self.log_path}"
             assert time.monotonic() < deadline, f"operator not live after 60 s; see {self.log_path}"
             time.sleep(0.3)
 
-    def _live(self) -> bool:
-        import urllib.request
+    def __enter__(self) -> Operator:
+        self.start()
+        return self
 
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _live(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1) as r:
                 return bool(r.status == 200)
@@ -177,10 +196,11 @@ class Operator:
                 self.process.kill()
 
     def metrics(self) -> str:
-        import urllib.request
-
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return str(r.read().decode())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ Writes OUT/logs/r<rep>-<profile>.log (every output line prefixed with `[seconds 
 `stoker.phases` reads), OUT/runs.jsonl (one line per run) and OUT/host.json; bench/gpu/report.py turns them
 into the results JSON, chart and table. Standard library only, plus stoker (and pydantic) for rendering.
 
-usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-fork] [--stop-after 1300]
+usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spawn] [--stop-after 1300]
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def main() -> None:
     parser.add_argument("manifest")
     parser.add_argument("out")
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--profiles", default="stoker,stoker-fork,stoker-fork-nocompile")
+    parser.add_argument("--profiles", default="stoker,stoker-spawn,stoker-nocompile")
     parser.add_argument("--first-repetition", type=int, default=1, help="to go on after an interruption")
     parser.add_argument("--skip-stock", action="store_true", help="only stoker's runs (safety checks)")
     parser.add_argument(

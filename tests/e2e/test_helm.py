@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import tomllib
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import Operator
 from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +29,7 @@ EXAMPLE = REPO / "examples" / "minimal.yaml"
 ARTIFACTS = REPO / ".artifacts" / "e2e"
 RELEASE = "stoker"
 # Ports of their own: the session's operator fixture uses 28080/28081.
-METRICS_PORT, LIVENESS_PORT = 28180, 28181
+METRICS_PORT = 28180  # and liveness on 28181
 
 Helm = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -172,82 +172,36 @@ def test_service_monitor_is_optional(helm: Helm) -> None:
 # ------------------------------------------------------------------------------ install, run, uninstall
 
 
-class ChartIdentityOperator:
+def chart_identity_operator(
+    cluster, kubectl, namespace: str, service_account: str, watch: list[str]
+) -> Operator:
     """`stoker run` signed in as the chart's ServiceAccount (a minted token), on ports of its own."""
-
-    def __init__(self, cluster, kubectl, namespace: str, service_account: str, watch: list[str]) -> None:
-        self.log_path = ARTIFACTS / f"chart-operator-{namespace}.log"
-        self.kubeconfig = cluster.work_dir / f"chart-operator-{namespace}.kubeconfig"
-        token = kubectl(
-            "-n", namespace, "create", "token", service_account, "--duration=3600s"
-        ).stdout.strip()
-        admin = yaml.safe_load(cluster.kubeconfig.read_text())
-        self.kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": admin["clusters"],
-                    "users": [{"name": service_account, "user": {"token": token}}],
-                    "contexts": [
-                        {
-                            "name": "chart",
-                            "context": {"cluster": admin["clusters"][0]["name"], "user": service_account},
-                        }
-                    ],
-                    "current-context": "chart",
-                }
-            )
+    kubeconfig = cluster.work_dir / f"chart-operator-{namespace}.kubeconfig"
+    token = kubectl("-n", namespace, "create", "token", service_account, "--duration=3600s").stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    cluster_name = admin["clusters"][0]["name"]
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": service_account, "user": {"token": token}}],
+                "contexts": [
+                    {"name": "chart", "context": {"cluster": cluster_name, "user": service_account}}
+                ],
+                "current-context": "chart",
+            }
         )
-        self.kubeconfig.chmod(0o600)
-        self.env = dict(
-            cluster.env,
-            KUBECONFIG=str(self.kubeconfig),
-            STOKER_NAMESPACES=json.dumps(watch),
-            STOKER_METRICS_PORT=str(METRICS_PORT),
-            STOKER_LIVENESS_PORT=str(LIVENESS_PORT),
-            STOKER_BIND_ADDRESS="127.0.0.1",
-            STOKER_DRIFT_INTERVAL_SECONDS="5",
-            PYTHONUNBUFFERED="1",
-        )
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> ChartIdentityOperator:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [str(REPO / ".venv" / "bin" / "stoker"), "run"],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_for(self._live, timeout=60, what=f"operator live (see {self.log_path})")
-        return self
-
-    def _live(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, (
-            f"operator exited; see {self.log_path}"
-        )
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def __exit__(self, *_: object) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
-            return str(response.read().decode())
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    )
+    kubeconfig.chmod(0o600)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return Operator(
+        cluster,
+        ARTIFACTS / f"chart-operator-{namespace}.log",
+        metrics_port=METRICS_PORT,
+        env={"KUBECONFIG": str(kubeconfig), "STOKER_NAMESPACES": json.dumps(watch)},
+    )
 
 
 @pytest.fixture
@@ -310,7 +264,7 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
             == "no"
         )
 
-    with ChartIdentityOperator(cluster, kubectl, namespace, service_account, watch) as chart_operator:
+    with chart_identity_operator(cluster, kubectl, namespace, service_account, watch) as chart_operator:
         kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
         svc = wait_ready(kubectl, namespace, example_name())
         assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]

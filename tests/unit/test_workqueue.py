@@ -84,3 +84,16 @@ def test_keys_run_in_parallel():
         time.sleep(0.01)
     assert time.monotonic() - started < 0.6
     queue.stop()
+
+
+def test_urgent_keys_go_before_keys_already_due():
+    recorder = Recorder()
+    queue = WorkQueue(recorder, workers=1)
+    for name in "abc":
+        queue.add(("ns", name), resync=False)
+    queue.add(("ns", "new"), resync=True, urgent=True)
+    queue.add(("ns", "b"), resync=True, urgent=True)
+    queue.start()
+    settle(queue)
+    assert [key[1] for key, _ in recorder.runs] == ["new", "b", "a", "c"]
+    assert (("ns", "b"), True) in recorder.runs

@@ -44,7 +44,7 @@ def register(queue: WorkQueue, operator: OperatorSettings) -> None:
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile")
     def reconcile_service(namespace: str | None, name: str, **_: Any) -> None:
-        queue.add((str(namespace), name), resync=True)
+        queue.add((str(namespace), name), resync=True, urgent=True)
 
     # Drift: hand edits and deleted children are undone within one interval.
     @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, id="drift")

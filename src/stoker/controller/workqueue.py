@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ class WorkQueue:
         self._order = itertools.count()
         self._queued: dict[ObjectKey, bool] = {}  # key -> resync wanted; keys waiting in the heap
         self._due_at: dict[ObjectKey, float] = {}  # key -> when its live heap entry is due
+        # Keys whose spec changed (or that are new) go before everything in the heap: a user's edit
+        # should not wait behind a storm of child events.
+        self._urgent: deque[ObjectKey] = deque()
         self._active: set[ObjectKey] = set()
         self._again: dict[ObjectKey, bool] = {}  # keys named while under reconcile -> resync wanted
         self._failures: dict[ObjectKey, int] = {}
@@ -46,27 +50,35 @@ class WorkQueue:
             self._stopped = True
             self._cond.notify_all()
 
-    def add(self, key: ObjectKey, *, resync: bool, delay: float = 0.0) -> None:
-        """Reconcile `key` after `delay` seconds, or sooner if it is already due; `resync` is sticky."""
+    def add(self, key: ObjectKey, *, resync: bool, delay: float = 0.0, urgent: bool = False) -> None:
+        """Reconcile `key` after `delay` seconds (`urgent`: now, first), or sooner if it is already due;
+        `resync` is sticky."""
         due = time.monotonic() + delay
         with self._cond:
             if key in self._active:
                 self._again[key] = self._again.get(key, False) or resync
                 return
             self._queued[key] = self._queued.get(key, False) or resync
+            if urgent:
+                if key not in self._urgent:
+                    self._urgent.append(key)
+                    self._cond.notify()
+                return
             if key in self._due_at and self._due_at[key] <= due:
                 return  # already due no later than that
             self._due_at[key] = due
             heapq.heappush(self._due, (due, next(self._order), key))
             self._cond.notify()
 
-    def depth(self) -> int:
-        with self._cond:
-            return len(self._queued)
-
     def _next(self) -> tuple[ObjectKey, bool] | None:
         with self._cond:
             while not self._stopped:
+                while self._urgent:
+                    key = self._urgent.popleft()
+                    if key in self._queued:  # not taken from the heap meanwhile
+                        self._due_at.pop(key, None)  # its heap entry, if any, is stale now
+                        self._active.add(key)
+                        return key, self._queued.pop(key)
                 now = time.monotonic()
                 while self._due and (self._due[0][0] <= now or self._is_stale(self._due[0])):
                     due, _, key = heapq.heappop(self._due)

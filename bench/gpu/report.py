@@ -1,0 +1,215 @@
+"""Turn a coldstart.py output folder into the committed results: JSON, chart, markdown table, small logs.
+
+Every log is parsed with `stoker.phases.parse_log`, the parser the operator runs on pod logs, so the phases
+in the results are the ones the operator would report. Needs matplotlib for the chart.
+
+usage: PYTHONPATH=src python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchmarks/gpu-coldstart.md]
+  RUN_DIR holds runs.jsonl, host.json, model.json and logs/ (as coldstart.py writes them); NAME is the
+  results' base name, e.g. coldstart-h100: bench/results/NAME.json, NAME.png, NAME-logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+from stoker.phases import ENGINE_PHASES, parse_log
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+# Between the "Starting vLLM server" line (the parser's last phase end) and the first 200 from /health.
+SERVER_UP = "serverUp"
+# The seed Job's run: its ready time is how long seeding takes, not a start to compare with stock.
+SEED = "stoker-seed"
+CHART_PHASES = (*ENGINE_PHASES, SERVER_UP)
+TABLE_BEGIN, TABLE_END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
+MODEL = (
+    "synthetic Llama-3.1-8B-shaped checkpoint (32 layers, hidden 4096, GQA 32/8, vocab 128256, bf16, "
+    "random weights; bench/gpu/make_model.py)"
+)
+
+
+def run_entry(record: dict[str, Any], log_path: Path) -> dict[str, Any]:
+    with log_path.open(errors="replace") as log:
+        timeline = parse_log(log).to_json_dict()
+    phases = dict(timeline["phases"])
+    if record["readySeconds"] is not None and timeline["totalSeconds"] is not None:
+        phases[SERVER_UP] = round(record["readySeconds"] - timeline["totalSeconds"], 3)
+    entry = {
+        "profile": record["profile"],
+        "repetition": record["repetition"],
+        "readySeconds": record["readySeconds"],
+        "phases": phases,
+        "compileCache": timeline["compileCache"],
+        "firstCompletionSeconds": record.get("firstCompletion", {}).get("seconds"),
+        "decodeTokensPerSecond": record.get("decode", {}).get("tokensPerSecond"),
+    }
+    for key in ("sleepWake", "cacheBytesAfter", "gpuMemoryUsedMiB", "pageCacheDropped", "exitCode"):
+        if key in record:
+            entry[key] = record[key]
+    return entry
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per profile: mean ready time and phases, and paired ratios against the same repetition's runs."""
+    by_profile: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run["readySeconds"] is not None:
+            by_profile.setdefault(run["profile"], []).append(run)
+    ready = {(r["profile"], r["repetition"]): r["readySeconds"] for r in runs}
+    decode = {(r["profile"], r["repetition"]): r["decodeTokensPerSecond"] for r in runs}
+    summary = {}
+    for profile, group in by_profile.items():
+        times = [r["readySeconds"] for r in group]
+        reps = [r["repetition"] for r in group]
+        paired = [ready[("stock", rep)] / ready[(profile, rep)] for rep in reps if ("stock", rep) in ready]
+        rates = [r["decodeTokensPerSecond"] for r in group if r["decodeTokensPerSecond"]]
+        decode_change = [
+            decode[(profile, rep)] / decode[("stoker", rep)] - 1
+            for rep in reps
+            if decode.get(("stoker", rep)) and decode.get((profile, rep))
+        ]
+        summary[profile] = {
+            "runs": len(group),
+            "readySecondsMean": round(statistics.mean(times), 2),
+            "readySecondsMin": min(times),
+            "readySecondsMax": max(times),
+            "stockOverProfilePaired": [round(x, 3) for x in paired],
+            "stockOverProfileMean": round(statistics.mean(paired), 3) if paired else None,
+            "phasesMean": {
+                phase: round(statistics.mean(r["phases"].get(phase, 0.0) for r in group), 2)
+                for phase in CHART_PHASES
+            },
+            "compileCache": sorted({r["compileCache"] for r in group}),
+            "firstCompletionSecondsMean": mean_or_none([r["firstCompletionSeconds"] for r in group]),
+            "decodeTokensPerSecondMean": round(statistics.mean(rates), 2) if rates else None,
+            "decodeChangeVsStokerPaired": [round(x, 4) for x in decode_change],
+        }
+    return summary
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.mean(present), 3) if present else None
+
+
+def chart(summary: dict[str, dict[str, Any]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = list(summary)
+    fig, ax = plt.subplots(figsize=(12, 0.9 * len(profiles) + 2.4))
+    colors = plt.get_cmap("tab10").colors
+    left = [0.0] * len(profiles)
+    for index, phase in enumerate(CHART_PHASES):
+        widths = [summary[p]["phasesMean"][phase] for p in profiles]
+        ax.barh(
+            profiles, widths, left=left, color=colors[index % len(colors)], label=phase, edgecolor="white"
+        )
+        for row, (start, width) in enumerate(zip(left, widths, strict=True)):
+            if width >= 3:
+                ax.text(start + width / 2, row, f"{width:.0f}", ha="center", va="center", fontsize=8)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for row, profile in enumerate(profiles):
+        s = summary[profile]
+        shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
+        ratio = f"  ({s['stockOverProfileMean']:.2f}x faster than stock)" if shown else ""
+        ax.text(left[row] + 0.8, row, f"{s['readySecondsMean']:.1f} s{ratio}", va="center", fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel(
+        "seconds from process start to /health 200 (mean of repetitions; phases from stoker.phases)",
+        labelpad=4,
+    )
+    ax.set_xlim(0, max(left) * 1.45)
+    ax.set_title(title)
+    ax.legend(
+        ncol=len(CHART_PHASES), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(summary: dict[str, dict[str, Any]]) -> str:
+    head = (
+        "| profile | runs | ready (s), mean [min-max] | stock ÷ profile | imports | model info "
+        "| engine start | weights | Dynamo + compile | profiling | graphs | API up | compile cache "
+        "| first completion (s) | decode tok/s (vs stoker) |"
+    )
+    lines = [head, "|" + "---|" * 15]
+    for profile, s in summary.items():
+        p = s["phasesMean"]
+        shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
+        ratio = f"{s['stockOverProfileMean']:.2f}x" if shown else "—"
+        change = s["decodeChangeVsStokerPaired"]
+        versus = f" ({statistics.mean(change) * 100:+.1f}%)" if change and profile != "stoker" else ""
+        decode = f"{s['decodeTokensPerSecondMean']}{versus}" if s["decodeTokensPerSecondMean"] else "—"
+        first = f"{s['firstCompletionSecondsMean']:.2f}" if s["firstCompletionSecondsMean"] else "—"
+        lines.append(
+            f"| {profile} | {s['runs']} | {s['readySecondsMean']:.1f} [{s['readySecondsMin']:.1f}-"
+            f"{s['readySecondsMax']:.1f}] | {ratio} | {p['bootstrap']:.1f} | {p['modelInfo']:.1f} "
+            f"| {p['engineStart']:.1f} | {p['weightLoad']:.1f} | {p['dynamo'] + p['compile']:.1f} "
+            f"| {p['profiling']:.1f} | {p['graphCapture']:.1f} | {p['apiReady'] + p[SERVER_UP]:.1f} "
+            f"| {', '.join(s['compileCache'])} | {first} | {decode} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("name")
+    parser.add_argument("--doc", type=Path, help="markdown file whose results table to replace")
+    parser.add_argument("--title", default="vLLM 0.22.1 cold start, 8B model, H100 80GB, page cache dropped")
+    args = parser.parse_args()
+    records = [json.loads(line) for line in (args.run_dir / "runs.jsonl").read_text().splitlines() if line]
+    logs_out = RESULTS / f"{args.name}-logs"
+    shutil.rmtree(logs_out, ignore_errors=True)
+    logs_out.mkdir(parents=True)
+    runs = []
+    for record in records:
+        log_name = f"r{record['repetition']}-{record['profile']}.log"
+        runs.append(run_entry(record, args.run_dir / "logs" / log_name))
+        with (
+            (args.run_dir / "logs" / log_name).open("rb") as src,
+            gzip.open(logs_out / f"{log_name}.gz", "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst)
+    for raw in ("runs.jsonl", "host.json", "model.json"):
+        shutil.copy(args.run_dir / raw, logs_out / raw)
+    if (args.run_dir / "importtime.txt").exists():
+        with (
+            (args.run_dir / "importtime.txt").open("rb") as src,
+            gzip.open(logs_out / "importtime.txt.gz", "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst)
+    host = json.loads((args.run_dir / "host.json").read_text())
+    model = json.loads((args.run_dir / "model.json").read_text())
+    summary = summarize(runs)
+    document = {
+        "gpu": host["gpu"],
+        "model": {"description": MODEL, "bytes": model["bytes"]},
+        "vllm": host["vllm"],
+        "host": host,
+        "profiles": {r["profile"]: {"argv": r["argv"], "env": r["env"]} for r in records},
+        "summary": summary,
+        "runs": runs,
+    }
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    chart(summary, args.title, RESULTS / f"{args.name}.png")
+    markdown = table(summary)
+    print(markdown)
+    if args.doc:
+        text = args.doc.read_text()
+        before, rest = text.split(TABLE_BEGIN, 1)
+        _, after = rest.split(TABLE_END, 1)
+        args.doc.write_text(f"{before}{TABLE_BEGIN}\n{markdown}\n{TABLE_END}{after}")
+
+
+if __name__ == "__main__":
+    main()
