@@ -13,7 +13,6 @@ import logging
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
@@ -46,15 +45,6 @@ log = logging.getLogger(__name__)
 
 LOG_RETRY_SECONDS = 10.0
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
-
-
-class InvalidSpec(Exception):
-    """The object passed the API server's schema but is still not something stoker can run."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    waiting_for: str | None = None  # why the object is not converged yet; the caller retries
 
 
 def validation_message(error: ValidationError) -> str:
@@ -109,22 +99,21 @@ class Reconciler:
             applied = self._applied.setdefault((namespace, name), {})
         started, result = time.monotonic(), "error"
         try:
-            outcome = self._reconcile(body, applied, resync)
-            result = "waiting" if outcome.waiting_for else "converged"
-        except InvalidSpec:
-            result = "invalid"  # reported in status and as an Event; retrying changes nothing
+            result = self._reconcile(body, applied, resync)
         finally:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
 
-    def _reconcile(self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool) -> Outcome:
+    def _reconcile(self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool) -> str:
+        """Converge one object; returns the result for metrics: converged, waiting or invalid."""
         meta, status = body["metadata"], body.get("status") or {}
         generation = int(meta.get("generation") or 0)
         try:
             svc = VLLMService.model_validate(body)
         except ValidationError as error:
+            # Reported in status and as an Event; a retry changes nothing until the spec does.
             self._reject(body, validation_message(error))
-            raise InvalidSpec(validation_message(error)) from None
+            return "invalid"
 
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
@@ -223,7 +212,7 @@ class Reconciler:
             "startup": startup,
         }
         self._write_status(body, new_status)
-        return Outcome("the seed job" if gate_closed else None)
+        return "waiting" if gate_closed else "converged"
 
     def _ready(self, gate_closed: bool, rolled_out: bool, desired: int, ready: int) -> Condition:
         if gate_closed:
