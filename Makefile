@@ -17,8 +17,8 @@ cluster-build:
 	$(CLUSTER) build
 
 lint: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench hack
+	$(BIN)/ruff format --check src tests bench hack
 	$(BIN)/mypy
 
 unit: venv

@@ -1,19 +1,14 @@
-"""Startup phases end to end: fake pods "print" recorded vLLM logs through kwok, the operator reads them.
-
-kwok serves a container's log from a file named by a Logs object (one pod, by name) or a ClusterLogs
-object (every pod of a namespace). The files are recorded H100 logs rewritten into the CRI log format
-with timestamps counted from the container's own start, so every phase is exactly what the recording
-shows.
-"""
+"""Startup phases end to end: fake pods "print" recorded H100 vLLM logs through kwok (hack/kwoklogs.py),
+the operator reads them into status, Events and metrics."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from pathlib import Path
 
 import pytest
+from hack.kwoklogs import print_recording
 
 from stoker.phases import parse_log
 from tests.e2e.helpers import condition, get_json, wait_for
@@ -21,46 +16,6 @@ from tests.e2e.helpers import condition, get_json, wait_for
 pytestmark = pytest.mark.e2e
 
 FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
-SECONDS_PREFIX = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]\s?")
-ENGINE_CONTAINER = "vllm"
-
-
-def cri_log(recording: Path, started: dt.datetime, target: Path) -> Path:
-    """The recording's `[seconds] line` lines as CRI log lines stamped `started + seconds`."""
-    lines = []
-    for raw in recording.read_text().splitlines():
-        match = SECONDS_PREFIX.match(raw)
-        if match:
-            stamp = started + dt.timedelta(seconds=float(match.group(1)))
-            lines.append(f"{stamp.strftime('%Y-%m-%dT%H:%M:%S.%f')}000Z stdout F {raw[match.end() :]}")
-    target.write_text("\n".join(lines) + "\n")
-    return target
-
-
-def started_at(pod: dict) -> dt.datetime:
-    state = pod["status"]["containerStatuses"][0]["state"]
-    value = (state.get("running") or state.get("terminated"))["startedAt"]
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def print_recording(kubectl, namespace: str, selector: str, recording: Path, tmp_path: Path) -> str:
-    """Wait for the pod the selector finds, then make kwok serve the recording as its log."""
-
-    def started_pod():
-        pods = get_json(kubectl, "-n", namespace, "pods", "-l", selector)["items"]
-        return pods[0] if pods and pods[0]["status"].get("containerStatuses") else None
-
-    pod = wait_for(started_pod, what=f"a pod for {selector}")
-    name = pod["metadata"]["name"]
-    log_file = cri_log(recording, started_at(pod), tmp_path / f"{name}.log")
-    logs = {
-        "apiVersion": "kwok.x-k8s.io/v1alpha1",
-        "kind": "Logs",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"logs": [{"containers": [ENGINE_CONTAINER], "logsFile": str(log_file)}]},
-    }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(logs))
-    return str(name)
 
 
 @pytest.mark.parametrize(
