@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
 
 GPU_DEPLOYMENT = """
 apiVersion: apps/v1
@@ -101,3 +105,49 @@ def test_garbage_collection_deletes_an_owned_object_when_its_owner_goes(namespac
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(owned))
     kubectl("-n", namespace, "delete", "configmap", "owner")
     wait_for(lambda: kubectl("-n", namespace, "get", "configmap", "owned", check=False).returncode != 0)
+
+
+def test_kubectl_logs_returns_the_file_kwok_is_told_to_serve(namespace, kubectl, tmp_path):
+    kubectl("-n", namespace, "create", "deployment", "printer", "--image=fake.invalid/printer")
+    kubectl("-n", namespace, "rollout", "status", "deployment/printer", "--timeout=90s")
+    pod = kubectl(
+        "-n", namespace, "get", "pods", "-l", "app=printer", "-o", "jsonpath={.items[0].metadata.name}"
+    )
+    log_file = tmp_path / "printer.log"
+    log_file.write_text(
+        "2026-11-22T05:00:00.000000000Z stdout F first line\n"
+        "2026-11-22T05:00:01.500000000Z stdout F second line\n"
+    )
+    logs = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Logs",
+        "metadata": {"name": pod.stdout, "namespace": namespace},
+        "spec": {"logs": [{"containers": ["printer"], "logsFile": str(log_file)}]},
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(logs))
+
+    def printed() -> str | None:
+        result = kubectl("-n", namespace, "logs", "-l", "app=printer", check=False)
+        return result.stdout if result.returncode == 0 else None
+
+    assert wait_for(printed, timeout=30) == "first line\nsecond line\n"
+
+
+def test_up_twice_is_harmless_and_down_stops_every_process_it_started(cluster, tmp_path):
+    env = dict(
+        cluster.env,
+        STOKER_CLUSTER_DIR=str(tmp_path / "cluster"),
+        STOKER_CLUSTER_PORT_BASE="27790",
+        GPU_NODES="1",
+    )
+    up = [str(REPO / "hack" / "cluster"), "up"]
+    subprocess.run(up, env=env, check=True, timeout=300)
+    pids = [int(p.read_text()) for p in (tmp_path / "cluster" / "pids").glob("*.pid")]
+    assert len(pids) == 5
+    again = subprocess.run(up, env=env, check=True, timeout=300, capture_output=True, text=True)
+    assert "already up" in again.stderr
+    assert sorted(int(p.read_text()) for p in (tmp_path / "cluster" / "pids").glob("*.pid")) == sorted(pids)
+    subprocess.run([str(REPO / "hack" / "cluster"), "down"], env=env, check=True, timeout=120)
+    assert not (tmp_path / "cluster").exists()
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), f"process {pid} survived down"

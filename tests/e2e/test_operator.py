@@ -159,3 +159,40 @@ def test_an_operator_killed_mid_reconcile_converges_without_duplicates(namespace
                 "items"
             ]
             assert len(found) == 1, (kind, [f["metadata"]["name"] for f in found])
+
+
+def _without_rules(schema):
+    if isinstance(schema, dict):
+        return {k: _without_rules(v) for k, v in schema.items() if k != "x-kubernetes-validations"}
+    if isinstance(schema, list):
+        return [_without_rules(item) for item in schema]
+    return schema
+
+
+def test_a_spec_only_the_operator_rejects_is_reported_and_nothing_crashes(namespace, kubectl, operator):
+    # Objects stored before a stricter CRD (or while its rules were off) still reach the operator.
+    crd = get_json(kubectl, "crd", "vllmservices.stoker.dev")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["spec"] = _without_rules(schema["properties"]["spec"])
+    kubectl("replace", "-f", "-", input=json.dumps(crd))
+    try:
+        bad = minimal("bad", gpus=2, tensorParallelSize=3)
+        wait_for(lambda: kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(bad), check=False)
+                 .returncode == 0, timeout=30, what="the loosened CRD accepts the object")  # fmt: skip
+    finally:
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+
+    def rejected():
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", "bad")
+        ready = condition(svc, "Ready")
+        return ready if ready.get("reason") == "InvalidSpec" else None
+
+    ready = wait_for(rejected, what="Ready=False reason InvalidSpec")
+    assert ready["status"] == "False" and "tensorParallelSize" in ready["message"]
+    events = get_json(kubectl, "-n", namespace, "events", "--field-selector", "involvedObject.name=bad")
+    assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events["items"])
+    assert get_json(kubectl, "-n", namespace, "deployment", "bad") is None  # nothing was rendered
+    # The operator lives on and serves others.
+    apply(kubectl, namespace, minimal("good"))
+    wait_ready(kubectl, namespace, "good")
+    assert operator.process.poll() is None
