@@ -1,0 +1,180 @@
+"""Seed with one warm-up completion: does the serving pods' first completion stop paying Triton's JIT?
+
+Every serving run JIT-compiles `_compute_slot_mapping_kernel` on its first request (docs/benchmarks/
+gpu-coldstart.md), because the seed Job stops at /health and never serves, so the kernel never reaches the
+Triton cache on the volume. Per repetition this driver runs the rendered seed invocation ONCE:
+  1. until /health answers; the cache volume is then copied as `plain` (what today's seed, stopped at
+     /health, leaves behind);
+  2. then one completion (a prompt other than the one the serving runs are timed with), then stopped; the
+     volume is copied again as `warm`;
+then the rendered serving invocation (`stoker`) starts on a fresh copy of each (`stoker` on `plain`,
+`stoker-warmseed` on `warm`; their order alternates per repetition). Page cache dropped and container-local
+JIT caches wiped before every start (coldstart.prepare). Output as coldstart.py's: OUT/runs.jsonl,
+OUT/logs/r<rep>-<profile>.log, OUT/host.json, plus the files the warm-up added to the volume.
+
+usage: seedwarmup.py MANIFEST OUT [--repetitions 3] [--stop-after 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import coldstart
+from coldstart import (
+    completion_request,
+    first_completion,
+    host_env,
+    host_facts,
+    prepare,
+    start_and_measure,
+    stop,
+    tree_bytes,
+    wait_ready,
+)
+from profiles import load_service, seed_invocation, serve_invocation
+
+WARMUP_BODY = {"prompt": "Hello", "max_tokens": 16, "temperature": 0}
+SNAPSHOTS = {"plain": coldstart.HOME / "seed-plain", "warm": coldstart.HOME / "seed-warm"}
+PROFILE_OF = {"plain": "stoker", "warm": "stoker-warmseed"}
+
+
+def files_under(root: Path) -> dict[str, int]:
+    return {
+        str(Path(d, f).relative_to(root)): os.path.getsize(Path(d, f))
+        for d, _, names in os.walk(root)
+        for f in names
+    }
+
+
+def warmup(base: str, model: str) -> dict[str, Any]:
+    start = time.monotonic()
+    with urllib.request.urlopen(
+        completion_request(base, {"model": model, **WARMUP_BODY}), timeout=120
+    ) as response:
+        usage = json.loads(response.read())["usage"]
+    return {"seconds": round(time.monotonic() - start, 3), "tokens": usage["completion_tokens"]}
+
+
+def seed_run(rep: int, out: Path) -> dict[str, Any]:
+    inv = seed_invocation(SVC)
+    assert inv.cache_mount_path
+    cache = Path(inv.cache_mount_path)
+    dropped = prepare(inv.cache_mount_path, restore_seed=False)
+    base = f"http://127.0.0.1:{inv.port}"
+    log_path = out / "logs" / f"r{rep}-stoker-seed.log"
+    with log_path.open("w") as log:
+        t0 = time.monotonic()
+        process = subprocess.Popen(
+            inv.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**host_env(), **inv.env},
+            text=True,
+            start_new_session=True,
+            bufsize=1,
+            cwd=coldstart.HOME,
+        )
+
+        def pump() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
+                log.flush()
+
+        pumper = threading.Thread(target=pump, daemon=True)
+        pumper.start()
+        ready = wait_ready(process, base, t0)
+        result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
+        if ready is not None:
+            for snap in SNAPSHOTS.values():
+                shutil.rmtree(snap, ignore_errors=True)
+            shutil.copytree(cache, SNAPSHOTS["plain"], symlinks=True)
+            try:
+                result["warmupCompletion"] = warmup(base, inv.served_model_name)
+                result["secondCompletion"] = first_completion(base, inv.served_model_name)
+            except Exception as error:
+                result["warmupCompletion"] = {"error": repr(error)}
+        stop(process)
+        pumper.join(5)
+    result["exitCode"] = process.returncode
+    result["wallSeconds"] = round(time.monotonic() - t0, 1)
+    if ready is not None:
+        shutil.copytree(cache, SNAPSHOTS["warm"], symlinks=True)
+        before, after = files_under(SNAPSHOTS["plain"]), files_under(SNAPSHOTS["warm"])
+        result["addedByWarmup"] = {k: v for k, v in after.items() if before.get(k) != v}
+        result["removedByWarmup"] = sorted(set(before) - set(after))
+    record = {"profile": "stoker-seed", "repetition": rep, "role": "seed", **result, "pageCacheDropped": dropped}
+    record.update(argv=inv.argv, env=inv.env, warmupBody=WARMUP_BODY)
+    return record
+
+
+def serve_run(rep: int, snapshot: str, out: Path) -> dict[str, Any]:
+    inv = serve_invocation(SVC, "stoker")
+    assert inv.cache_mount_path
+    coldstart.SEED_SNAPSHOT = SNAPSHOTS[snapshot]  # prepare() copies this onto the volume
+    dropped = prepare(inv.cache_mount_path, restore_seed=True)
+    name = PROFILE_OF[snapshot]
+    log_path = out / "logs" / f"r{rep}-{name}.log"
+    result = start_and_measure(log_path, inv, measure=True)
+    # One more completion would have shown warm latency, but start_and_measure stops the server; the
+    # decode probe's firstTokenSeconds is the warm time to first token of the same prompt.
+    jit = sum("Triton kernel JIT compilation during inference" in line for line in log_path.open())
+    record = {"profile": name, "repetition": rep, "role": "serve", "seedCache": snapshot, **result}
+    record.update(pageCacheDropped=dropped, jitWarnings=jit, argv=inv.argv, env=inv.env)
+    record["cacheBytesAfter"] = tree_bytes(inv.cache_mount_path)
+    return record
+
+
+def emit(out: Path, record: dict[str, Any]) -> None:
+    with (out / "runs.jsonl").open("a") as runs:
+        runs.write(json.dumps(record) + "\n")
+    keys = ("profile", "repetition", "readySeconds", "exitCode", "jitWarnings", "wallSeconds")
+    summary = {key: record.get(key) for key in keys if key in record}
+    summary["first"] = record.get("firstCompletion", record.get("warmupCompletion", {})).get("seconds")
+    summary["tps"] = record.get("decode", {}).get("tokensPerSecond")
+    print(json.dumps(summary), flush=True)
+
+
+def main() -> None:
+    global SVC
+    parser = argparse.ArgumentParser()
+    parser.add_argument("manifest")
+    parser.add_argument("out")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--stop-after", type=float, default=600, help="no repetition starts that would end later")
+    args = parser.parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ["PYTHONPATH"] = f"{coldstart.HOME}/site"
+    host_facts(out)
+    SVC = load_service(args.manifest)
+    start, longest = time.monotonic(), 170.0
+    for rep in range(1, args.repetitions + 1):
+        if time.monotonic() - start + longest > args.stop_after:
+            print(json.dumps({"repetition": rep, "skipped": "time budget"}), flush=True)
+            break
+        began = time.monotonic()
+        seed = seed_run(rep, out)
+        emit(out, seed)
+        if seed["readySeconds"] is None:
+            continue
+        order = ["plain", "warm"] if rep % 2 else ["warm", "plain"]
+        for snapshot in order:
+            emit(out, serve_run(rep, snapshot, out))
+        longest = max(longest if rep > 1 else 0.0, time.monotonic() - began + 5)
+    print("done", flush=True)
+
+
+SVC = None
+
+if __name__ == "__main__":
+    main()
