@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,11 @@ def stop(process: subprocess.Popen[str]) -> None:
         process.wait(10)
 
 
-def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[str, Any]:
+def run_server(
+    log_path: Path, inv: Invocation, while_ready: Callable[[str, dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Start `inv`, log each line with its arrival time, wait for /health, call `while_ready(base, result)`
+    (skipped if the server never became ready), stop the server."""
     base = f"http://127.0.0.1:{inv.port}"
     with log_path.open("w") as log:
         t0 = time.monotonic()
@@ -215,21 +220,28 @@ def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[st
         ready = wait_ready(process, base, t0)
         result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
         if ready is not None:
-            result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
-            if measure:
-                probes = [("firstCompletion", first_completion), ("decode", decode_rate)]
-                if inv.sleep_check:
-                    probes.append(("sleepWake", sleep_wake))
-                for key, probe in probes:
-                    try:
-                        result[key] = probe(base, inv.served_model_name)
-                    except Exception as error:  # a failed probe is a result to record, not a reason to stop
-                        result[key] = {"error": repr(error)}
+            while_ready(base, result)
         stop(process)
         pumper.join(5)
     result["exitCode"] = process.returncode
     result["wallSeconds"] = round(time.monotonic() - t0, 1)
     return result
+
+
+def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[str, Any]:
+    def probe(base: str, result: dict[str, Any]) -> None:
+        result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+        if measure:
+            probes = [("firstCompletion", first_completion), ("decode", decode_rate)]
+            if inv.sleep_check:
+                probes.append(("sleepWake", sleep_wake))
+            for key, run_probe in probes:
+                try:
+                    result[key] = run_probe(base, inv.served_model_name)
+                except Exception as error:  # a failed probe is a result to record, not a reason to stop
+                    result[key] = {"error": repr(error)}
+
+    return run_server(log_path, inv, probe)
 
 
 def prepare(cache_dir: str | None, restore_seed: bool) -> bool:

@@ -21,8 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,13 +30,10 @@ import coldstart
 from coldstart import (
     completion_request,
     first_completion,
-    host_env,
     host_facts,
     prepare,
     start_and_measure,
-    stop,
     tree_bytes,
-    wait_ready,
 )
 from profiles import load_service, seed_invocation, serve_invocation
 
@@ -69,50 +64,32 @@ def seed_run(rep: int, out: Path) -> dict[str, Any]:
     assert inv.cache_mount_path
     cache = Path(inv.cache_mount_path)
     dropped = prepare(inv.cache_mount_path, restore_seed=False)
-    base = f"http://127.0.0.1:{inv.port}"
     log_path = out / "logs" / f"r{rep}-stoker-seed.log"
-    with log_path.open("w") as log:
-        t0 = time.monotonic()
-        process = subprocess.Popen(
-            inv.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**host_env(), **inv.env},
-            text=True,
-            start_new_session=True,
-            bufsize=1,
-            cwd=coldstart.HOME,
-        )
 
-        def pump() -> None:
-            assert process.stdout is not None
-            for line in process.stdout:
-                log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
-                log.flush()
+    def snapshot_then_warm_up(base: str, result: dict[str, Any]) -> None:
+        for snap in SNAPSHOTS.values():
+            shutil.rmtree(snap, ignore_errors=True)
+        shutil.copytree(cache, SNAPSHOTS["plain"], symlinks=True)
+        try:
+            result["warmupCompletion"] = warmup(base, inv.served_model_name)
+            result["secondCompletion"] = first_completion(base, inv.served_model_name)
+        except Exception as error:
+            result["warmupCompletion"] = {"error": repr(error)}
 
-        pumper = threading.Thread(target=pump, daemon=True)
-        pumper.start()
-        ready = wait_ready(process, base, t0)
-        result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
-        if ready is not None:
-            for snap in SNAPSHOTS.values():
-                shutil.rmtree(snap, ignore_errors=True)
-            shutil.copytree(cache, SNAPSHOTS["plain"], symlinks=True)
-            try:
-                result["warmupCompletion"] = warmup(base, inv.served_model_name)
-                result["secondCompletion"] = first_completion(base, inv.served_model_name)
-            except Exception as error:
-                result["warmupCompletion"] = {"error": repr(error)}
-        stop(process)
-        pumper.join(5)
-    result["exitCode"] = process.returncode
-    result["wallSeconds"] = round(time.monotonic() - t0, 1)
+    result = coldstart.run_server(log_path, inv, snapshot_then_warm_up)
+    ready = result["readySeconds"]
     if ready is not None:
         shutil.copytree(cache, SNAPSHOTS["warm"], symlinks=True)
         before, after = files_under(SNAPSHOTS["plain"]), files_under(SNAPSHOTS["warm"])
         result["addedByWarmup"] = {k: v for k, v in after.items() if before.get(k) != v}
         result["removedByWarmup"] = sorted(set(before) - set(after))
-    record = {"profile": "stoker-seed", "repetition": rep, "role": "seed", **result, "pageCacheDropped": dropped}
+    record = {
+        "profile": "stoker-seed",
+        "repetition": rep,
+        "role": "seed",
+        **result,
+        "pageCacheDropped": dropped,
+    }
     record.update(argv=inv.argv, env=inv.env, warmupBody=WARMUP_BODY)
     return record
 
@@ -150,7 +127,9 @@ def main() -> None:
     parser.add_argument("manifest")
     parser.add_argument("out")
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--stop-after", type=float, default=600, help="no repetition starts that would end later")
+    parser.add_argument(
+        "--stop-after", type=float, default=600, help="no repetition starts that would end later"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
