@@ -45,6 +45,7 @@ CONTAINER_LOCAL = [
     Path("/tmp/torchinductor_root"),
 ]
 SEED_SNAPSHOT = HOME / "seeded-cache"
+SEED_EXIT_TIMEOUT_S = 600  # the seed wrapper's warm-up completion and shutdown
 # A later device call may write this to change the remaining plan without restarting the driver.
 PLAN_OVERRIDE = HOME / "bench-plan.json"
 READY_LIMIT_S = 330
@@ -191,10 +192,12 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 
 def run_server(
-    log_path: Path, inv: Invocation, while_ready: Callable[[str, dict[str, Any]], None]
+    log_path: Path,
+    inv: Invocation,
+    while_ready: Callable[[str, dict[str, Any], subprocess.Popen[str]], None],
 ) -> dict[str, Any]:
-    """Start `inv`, log each line with its arrival time, wait for /health, call `while_ready(base, result)`
-    (skipped if the server never became ready), stop the server."""
+    """Start `inv`, log each line with its arrival time, wait for /health, call
+    `while_ready(base, result, process)` (skipped if the server never became ready), stop the server."""
     base = f"http://127.0.0.1:{inv.port}"
     with log_path.open("w") as log:
         t0 = time.monotonic()
@@ -220,7 +223,7 @@ def run_server(
         ready = wait_ready(process, base, t0)
         result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
         if ready is not None:
-            while_ready(base, result)
+            while_ready(base, result, process)
         stop(process)
         pumper.join(5)
     result["exitCode"] = process.returncode
@@ -229,8 +232,11 @@ def run_server(
 
 
 def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[str, Any]:
-    def probe(base: str, result: dict[str, Any]) -> None:
+    def probe(base: str, result: dict[str, Any], process: subprocess.Popen[str]) -> None:
         result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+        if inv.exits_by_itself:
+            process.wait(timeout=SEED_EXIT_TIMEOUT_S)
+            return
         if measure:
             probes = [("firstCompletion", first_completion), ("decode", decode_rate)]
             if inv.sleep_check:

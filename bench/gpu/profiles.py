@@ -9,12 +9,14 @@ the same model and the same user-level settings (served name, context length, me
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.api import VLLMService
 from stoker.render import Role, engine_invocation
+from stoker.render import seed_invocation as render_seed_invocation
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
@@ -68,6 +70,8 @@ class Invocation:
     served_model_name: str
     cache_mount_path: str | None
     sleep_check: bool = False
+    # The seed Job's wrapper stops the server itself (after one warm-up completion) and exits.
+    exits_by_itself: bool = False
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -110,8 +114,16 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     )
 
 
-def seed_invocation(svc: VLLMService) -> Invocation:
+def seed_engine_invocation(svc: VLLMService) -> Invocation:
+    """The seed's `vllm serve` alone, without the Job's wrapper (seedwarmup.py times the warm-up itself)."""
     return _rendered(svc, "seed", VARIANTS["stoker"])
+
+
+def seed_invocation(svc: VLLMService) -> Invocation:
+    """Exactly what the seed Job runs: the wrapper around the seed's `vllm serve`."""
+    engine = seed_engine_invocation(svc)
+    wrapped = render_seed_invocation(svc)
+    return dataclasses.replace(engine, argv=[*wrapped.command, *wrapped.args], exits_by_itself=True)
 
 
 def serve_invocation(svc: VLLMService, profile: str) -> Invocation:

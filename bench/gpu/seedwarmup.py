@@ -35,7 +35,7 @@ from coldstart import (
     start_and_measure,
     tree_bytes,
 )
-from profiles import load_service, seed_invocation, serve_invocation
+from profiles import load_service, seed_engine_invocation, serve_invocation
 
 WARMUP_BODY = {"prompt": "Hello", "max_tokens": 16, "temperature": 0}
 SNAPSHOTS = {"plain": coldstart.HOME / "seed-plain", "warm": coldstart.HOME / "seed-warm"}
@@ -60,13 +60,13 @@ def warmup(base: str, model: str) -> dict[str, Any]:
 
 
 def seed_run(rep: int, out: Path) -> dict[str, Any]:
-    inv = seed_invocation(SVC)
+    inv = seed_engine_invocation(SVC)
     assert inv.cache_mount_path
     cache = Path(inv.cache_mount_path)
     dropped = prepare(inv.cache_mount_path, restore_seed=False)
     log_path = out / "logs" / f"r{rep}-stoker-seed.log"
 
-    def snapshot_then_warm_up(base: str, result: dict[str, Any]) -> None:
+    def snapshot_then_warm_up(base: str, result: dict[str, Any], _: object) -> None:
         for snap in SNAPSHOTS.values():
             shutil.rmtree(snap, ignore_errors=True)
         shutil.copytree(cache, SNAPSHOTS["plain"], symlinks=True)
