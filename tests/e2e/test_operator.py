@@ -196,3 +196,18 @@ def test_a_spec_only_the_operator_rejects_is_reported_and_nothing_crashes(namesp
     apply(kubectl, namespace, minimal("good"))
     wait_ready(kubectl, namespace, "good")
     assert operator.process.poll() is None
+
+
+def test_a_failed_seed_does_not_block_serving(namespace, kubectl, operator):
+    # kwok fails a Job's pod whose container asks for it (hack/kwok/stages.yaml); serving pods run normally.
+    manifest = minimal("coldfail")
+    manifest["spec"]["runtime"]["env"] = [{"name": "KWOK_SIMULATE_FAILURE", "value": "true"}]
+    apply(kubectl, namespace, manifest)
+    svc = wait_ready(kubectl, namespace, "coldfail")  # replicas rolled out cold
+    assert condition(svc, "CacheSeeded")["status"] == "False"
+    assert condition(svc, "CacheSeeded")["reason"] == "SeedFailed"
+    assert condition(svc, "Degraded")["reason"] == "SeedFailed"
+    (job,) = get_json(kubectl, "-n", namespace, "jobs", "-l", "app.kubernetes.io/instance=coldfail")["items"]
+    assert any(c["type"] == "Failed" and c["status"] == "True" for c in job["status"]["conditions"])
+    events = get_json(kubectl, "-n", namespace, "events", "--field-selector", "involvedObject.name=coldfail")
+    assert any(e["reason"] == "SeedFailed" and e["type"] == "Warning" for e in events["items"])
