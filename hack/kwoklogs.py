@@ -59,15 +59,22 @@ def print_recording(
         time.sleep(0.5)
     pod = pods[0]
     name = str(pod["metadata"]["name"])
-    log_file = cri_log(recording, started_at(pod), workdir / f"{name}.log")
+    serve_log(kubectl, namespace, name, recording, started_at(pod), workdir)
+    return name
+
+
+def serve_log(
+    kubectl: Kubectl, namespace: str, pod: str, recording: Path, started: dt.datetime, workdir: Path
+) -> None:
+    """Make kwok serve `recording`, stamped from `started`, as the pod's engine log (replacing any other)."""
+    log_file = cri_log(recording, started, workdir / f"{pod}-{started.timestamp():.0f}.log")
     logs = {
         "apiVersion": "kwok.x-k8s.io/v1alpha1",
         "kind": "Logs",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": pod, "namespace": namespace},
         "spec": {"logs": [{"containers": [ENGINE_CONTAINER], "logsFile": str(log_file.resolve())}]},
     }
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(logs))
-    return name
 
 
 def _kubectl(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -166,6 +166,9 @@ class Operator:
             assert self.process.poll() is None, f"operator exited; see {self.log_path}"
             assert time.monotonic() < deadline, f"operator not live after 60 s; see {self.log_path}"
             time.sleep(0.3)
+        # What answered must be this process, not another one on the same port.
+        time.sleep(0.5)
+        assert self.process.poll() is None, f"operator exited (port taken?); see {self.log_path}"
 
     def __enter__(self) -> Operator:
         self.start()
@@ -206,7 +209,8 @@ class Operator:
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, crd: None) -> Iterator[Operator]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    running = Operator(cluster, ARTIFACTS / "operator.log")
+    metrics_port = int(os.environ.get("STOKER_TEST_METRICS_PORT", "28080"))
+    running = Operator(cluster, ARTIFACTS / "operator.log", metrics_port=metrics_port)
     running.start()
     try:
         yield running

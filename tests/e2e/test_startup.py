@@ -3,12 +3,13 @@ the operator reads them into status, Events and metrics."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
 
 import pytest
-from hack.kwoklogs import print_recording
+from hack.kwoklogs import print_recording, serve_log
 
 from stoker.phases import parse_log
 from tests.e2e.helpers import condition, get_json, wait_for
@@ -75,3 +76,41 @@ def test_recorded_startups_reach_status_events_and_metrics(
     assert re.search(r'stoker_startup_phase_seconds_count\{phase="weightLoad",role="serve"\} [1-9]', metrics)
     assert re.search(rf'stoker_compile_cache_total\{{result="{cache}",role="serve"\}} [1-9]', metrics)
     assert re.search(r'stoker_startup_total_seconds_count\{role="seed"\} [1-9]', metrics)
+
+
+def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kubectl, operator, tmp_path):
+    svc = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "restarts"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "coldStart": {"seed": {"enabled": False}},
+        },
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    selector = "app.kubernetes.io/instance=restarts,app.kubernetes.io/component=server"
+    pod = print_recording(kubectl, namespace, selector, FIXTURES / "seeded-serving.log", tmp_path)
+
+    def samples(count: int):
+        status = (get_json(kubectl, "-n", namespace, "vllmservice", "restarts") or {}).get("status") or {}
+        startup = status.get("startup") or {}
+        return startup if (startup.get("recent") or {}).get("samples") == count else None
+
+    wait_for(lambda: samples(1), what="the first start parsed")
+    # The container restarts (kwok has no runtime to do it): a new start time, restartCount 1, a new log.
+    restarted = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    running = {"running": {"startedAt": restarted.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+    status = {"containerStatuses": [{"name": "vllm", "restartCount": 1, "state": running}]}
+    serve_log(kubectl, namespace, pod, FIXTURES / "baseline.log", restarted, tmp_path)
+    kubectl(
+        "-n", namespace, "patch", "pod", pod, "--subresource=status", "-p", json.dumps({"status": status})
+    )
+
+    startup = wait_for(lambda: samples(2), what="the restarted container parsed")
+    with open(FIXTURES / "baseline.log", newline="") as recorded_log:
+        expected = parse_log(recorded_log)
+    assert [s["restarts"] for s in startup["history"]] == [0, 1]
+    assert startup["last"]["pod"] == pod and startup["last"]["compileCache"] == "miss"
+    assert startup["last"]["totalSeconds"] == pytest.approx(expected.total_seconds, abs=0.01)
+    assert startup["last"]["phases"]["bootstrap"] == pytest.approx(expected.phases["bootstrap"], abs=0.01)
