@@ -7,13 +7,14 @@ which reads the object fresh from the API server, so no decision depends on what
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import hashlib
 import json
 import logging
 import statistics
 import threading
 import time
-from typing import Any, cast
+from typing import cast
 
 import kopf
 from kubernetes.client.exceptions import ApiException
@@ -380,7 +381,5 @@ def _sample_summary(record: Manifest) -> Manifest:
     }
 
 
-def _parse_time(value: str | None) -> Any:
-    import datetime as dt
-
+def _parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
