@@ -84,6 +84,7 @@ def test_names_subresources_and_columns() -> None:
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Model": ".spec.model.name",
         "Replicas": ".status.replicas",
+        "Standby": ".status.standbyReplicas",
         "Startup(s)": ".status.startup.last.totalSeconds",
         "Age": ".metadata.creationTimestamp",
     }

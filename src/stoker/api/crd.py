@@ -156,6 +156,7 @@ def build_crd() -> Schema:
                         },
                         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
                         {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+                        {"name": "Standby", "type": "integer", "jsonPath": ".status.standbyReplicas"},
                         {
                             "name": "Startup(s)",
                             "type": "number",

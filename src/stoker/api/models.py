@@ -75,6 +75,8 @@ OWNED_ENV = (
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "HF_TOKEN",
+    "VLLM_SERVER_DEV_MODE",
+    "STOKER_CONTROL_TOKEN",
 )
 
 # Kubernetes' resource.Quantity pattern.
@@ -401,6 +403,22 @@ class SeedSpec(_Model):
     )
 
 
+class StandbySpec(_Model):
+    """Extra replicas kept started and Ready but asleep (vLLM sleep mode), out of the Service, and woken when
+    the active replica count rises. Level 1 keeps the weights in the pod's CPU memory, so the pod needs
+    host memory for them (`runtime.resources.memory`)."""
+
+    replicas: int = Field(
+        default=1, ge=0, le=100, description="Sleeping replicas kept beside the active ones."
+    )
+    level: Literal[1] = Field(
+        default=1, description="vLLM sleep level; 1 offloads weights to CPU memory and drops the KV cache."
+    )
+    wake_timeout_seconds: int = Field(
+        default=30, ge=1, le=600, description="A pod not served after this long is replaced, not served."
+    )
+
+
 class ColdStartSpec(_Model):
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     compile_cache: CompileCacheSpec = Field(default_factory=CompileCacheSpec)
@@ -409,6 +427,11 @@ class ColdStartSpec(_Model):
         default_factory=lambda: CudaGraphsSpec(capture_sizes=list(DEFAULT_CAPTURE_SIZES))
     )
     seed: SeedSpec = Field(default_factory=SeedSpec)
+    standby: StandbySpec | None = Field(
+        default=None,
+        description="Sleeping standby replicas. Setting it (even with replicas 0) adds --enable-sleep-mode,"
+        " which is part of the compile-cache key, to the seed and every pod.",
+    )
 
 
 _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
@@ -510,15 +533,41 @@ class StartupStatus(_StatusModel):
     history: list[StartupSample] = Field(default_factory=list, max_length=100)
 
 
+class PodRole(_StatusModel):
+    """A serving pod's role: active pods are behind the Service, standby pods are not."""
+
+    pod: str
+    role: Literal["active", "standby"]
+    asleep: bool = False
+
+
+class WakeRecord(_StatusModel):
+    """The last standby wake: seconds from POST /wake_up to each step, ending at a served completion."""
+
+    pod: str
+    wake_seconds: float | None = None
+    health_seconds: float | None = None
+    served_seconds: float | None = Field(default=None, description="Wake to first served completion.")
+    failed: bool | None = None
+    reason: str | None = None
+    at: datetime | None = None
+
+
+class StandbyStatus(_StatusModel):
+    pods: list[PodRole] = Field(default_factory=list, max_length=1100)
+    last_wake: WakeRecord | None = None
+
+
 class VLLMServiceStatus(_StatusModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     replicas: int | None = None
     ready_replicas: int | None = None
-    standby_replicas: int | None = None
+    standby_replicas: int | None = Field(default=None, description="Standby pods asleep.")
     selector: str | None = None
     cache: CacheStatus | None = None
     startup: StartupStatus | None = None
+    standby: StandbyStatus | None = None
 
 
 # ------------------------------------------------------------------------------------------ resource

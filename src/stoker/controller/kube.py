@@ -69,6 +69,14 @@ class Kube:
                 name=name, namespace=namespace, body={"propagationPolicy": "Background"}
             )
 
+    def patch_pod_metadata(
+        self, namespace: str, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]
+    ) -> None:
+        """A merge patch of a pod's labels and annotations; None removes one."""
+        self.core.patch_namespaced_pod(
+            name, namespace, {"metadata": {"labels": labels, "annotations": annotations}}
+        )
+
     def get_service(self, namespace: str, name: str) -> Manifest | None:
         try:
             obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)

@@ -28,3 +28,13 @@ STARTUP_TOTAL_SECONDS = Histogram(
 COMPILE_CACHE_RESULTS = Counter(
     "stoker_compile_cache_total", "Startups by compile-cache outcome (hit, miss, none).", ["result", "role"]
 )
+STANDBY_WAKE_SECONDS = Histogram(
+    "stoker_standby_wake_seconds",
+    "Seconds from POST /wake_up to a served completion, per woken standby pod.",
+    buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
+)
+STANDBY_TRANSITIONS = Counter(
+    "stoker_standby_transitions_total",
+    "Standby transitions by kind (demote, sleep, wake) and result (ok, failed).",
+    ["transition", "result"],
+)

@@ -26,6 +26,7 @@ from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.settings import OperatorSettings
+from stoker.controller.standby import StandbyOutcome, StandbyPool
 from stoker.controller.workqueue import ObjectKey
 from stoker.phases import kubernetes_phases, parse_log, summarize
 from stoker.render import (
@@ -38,6 +39,7 @@ from stoker.render import (
     seed_job_name,
     seed_wanted,
     server_selector,
+    serving_selector,
     short_cache_key,
 )
 
@@ -88,25 +90,31 @@ class Reconciler:
         self._applied: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
         self._applied_guard = threading.Lock()
         self._log_retry_at: dict[tuple[str, int], float] = {}
+        self.standby = StandbyPool(kube, settings)
 
-    def reconcile(self, key: ObjectKey, resync: bool) -> None:
+    def reconcile(self, key: ObjectKey, resync: bool) -> float | None:
+        """Converge one object; returns seconds after which to look again, if time alone changes things."""
         namespace, name = key
         body = self.kube.get_service(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._applied_guard:
                 self._applied.pop((namespace, name), None)
-            return
+            return None
         with self._applied_guard:
             applied = self._applied.setdefault((namespace, name), {})
         started, result = time.monotonic(), "error"
         try:
-            result = self._reconcile(body, applied, resync)
+            result, recheck_after = self._reconcile(body, applied, resync)
         finally:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
+        return recheck_after
 
-    def _reconcile(self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool) -> str:
-        """Converge one object; returns the result for metrics: converged, waiting or invalid."""
+    def _reconcile(
+        self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool
+    ) -> tuple[str, float | None]:
+        """Converge one object; returns the result for metrics (converged, waiting or invalid) and when to
+        look again."""
         meta, status = body["metadata"], body.get("status") or {}
         generation = int(meta.get("generation") or 0)
         try:
@@ -114,7 +122,7 @@ class Reconciler:
         except ValidationError as error:
             # Reported in status and as an Event; a retry changes nothing until the spec does.
             self._reject(body, validation_message(error))
-            return "invalid"
+            return "invalid", None
 
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
@@ -133,6 +141,11 @@ class Reconciler:
         gate_closed = (
             seeding and svc.spec.cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
         )
+
+        pods = self.kube.list_objects("v1", "Pod", meta["namespace"], server_selector(svc.name))
+        # Before the children: the seed and the pods read the control token, and a scale-up wakes a
+        # standby before the Deployment starts its replacement.
+        standby = self.standby.reconcile(body, svc, pods, resync) if svc.spec.cold_start.standby else None
 
         deployment = self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
         apply_errors = []
@@ -165,7 +178,7 @@ class Reconciler:
         if resync or cache.get("key") != key:
             self._remove_superseded_seeds(svc, short_key)
 
-        startup = self._collect_startup(body, svc, status.get("startup") or {}, seed_job, short_key)
+        startup = self._collect_startup(body, pods, status.get("startup") or {}, seed_job)
         last = startup.get("last") or {}
         cache["key"] = key
         if last:
@@ -173,17 +186,22 @@ class Reconciler:
         cache_missed = seeded and last.get("cacheKey") == short_key and last.get("compileCache") == "miss"
 
         desired = svc.spec.runtime.replicas
+        total = desired + (svc.spec.cold_start.standby.replicas if svc.spec.cold_start.standby else 0)
         dep_status = (deployment or {}).get("status") or {}
         ready_replicas = int(dep_status.get("readyReplicas") or 0)
-        rolled_out = deployment is not None and (
+        updated = deployment is not None and (
             int(dep_status.get("observedGeneration") or 0)
             >= int(deployment["metadata"].get("generation") or 0)
-            and int(dep_status.get("updatedReplicas") or 0) >= desired
-            and ready_replicas >= desired
-            and int(dep_status.get("replicas") or 0) == desired
+            and int(dep_status.get("updatedReplicas") or 0) >= total
         )
+        rolled_out = updated and ready_replicas >= total and int(dep_status.get("replicas") or 0) == total
+        serving, serves_all = ready_replicas, rolled_out
+        if standby is not None:
+            # Ready means the active pods serve; a standby pod still starting or falling asleep is progress.
+            serving, serves_all = standby.active, updated and standby.active >= desired
+            rolled_out = rolled_out and standby.asleep >= total - desired
         conditions = [
-            self._ready(gate_closed, rolled_out, desired, ready_replicas),
+            self._ready(gate_closed, serves_all, desired, serving),
             self._cache_seeded(seeding, seeded, seed_outcome, short_key),
             Condition(
                 "Progressing",
@@ -206,14 +224,17 @@ class Reconciler:
         new_status = {
             "observedGeneration": generation,
             "conditions": merge_conditions(status.get("conditions"), conditions, generation, now_rfc3339()),
-            "replicas": int(dep_status.get("replicas") or 0),
-            "readyReplicas": ready_replicas,
-            "selector": server_selector(meta["name"]),
+            "replicas": int(dep_status.get("replicas") or 0) if standby is None else standby.active,
+            "readyReplicas": serving,
+            "selector": serving_selector(svc),
             "cache": cache,
             "startup": startup,
         }
+        if standby is not None:
+            new_status["standbyReplicas"] = standby.asleep
+            new_status["standby"] = _standby_status(standby, status)
         self._write_status(body, new_status)
-        return "waiting" if gate_closed else "converged"
+        return ("waiting" if gate_closed else "converged"), (standby.recheck_after if standby else None)
 
     def _ready(self, gate_closed: bool, rolled_out: bool, desired: int, ready: int) -> Condition:
         if gate_closed:
@@ -286,14 +307,14 @@ class Reconciler:
     # ------------------------------------------------------------------ startup timings
 
     def _collect_startup(
-        self, body: Manifest, svc: VLLMService, previous: Manifest, seed_job: Manifest | None, short_key: str
+        self, body: Manifest, pods: list[Manifest], previous: Manifest, seed_job: Manifest | None
     ) -> Manifest:
         """Parse each new Ready serving container, and the seed pod once its Job finished."""
         startup = copy.deepcopy(previous)
         history: list[Manifest] = list(startup.get("history") or [])
         seen = {(sample["uid"], sample["restarts"]) for sample in history}
         namespace = body["metadata"]["namespace"]
-        for pod in self.kube.list_objects("v1", "Pod", namespace, server_selector(svc.name)):
+        for pod in pods:
             container = main_container_status(pod)
             if container is None or not pod_is_ready(pod):
                 continue
@@ -371,6 +392,15 @@ class Reconciler:
 
 def _status_document(status: Manifest) -> Manifest:
     return VLLMServiceStatus.model_validate(status).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _standby_status(standby: StandbyOutcome, status: Manifest) -> Manifest:
+    """The pods' roles now, and the last wake of this or an earlier reconcile."""
+    document = standby.status()
+    previous_wake = (status.get("standby") or {}).get("lastWake")
+    if "lastWake" not in document and previous_wake:
+        document["lastWake"] = previous_wake
+    return document
 
 
 def _sample_summary(record: Manifest) -> Manifest:

@@ -20,4 +20,8 @@ class OperatorSettings(BaseSettings):
     max_log_bytes: int = Field(8 * 1024 * 1024, ge=4096, description="Bound on one pod log read.")
     startup_history: int = Field(20, ge=1, le=100, description="Startup samples kept in status.")
     workers: int = Field(16, ge=1, le=256, description="Threads running reconciles at once.")
+    standby_drain_seconds: float = Field(
+        5.0, ge=0, description="A demoted pod leaves the Service this long before it is put to sleep."
+    )
+    standby_sleep_timeout_seconds: float = Field(300.0, gt=0, description="Bound on one /sleep call.")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")

@@ -23,7 +23,8 @@ RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # after failed runs of one key
 
 
 class WorkQueue:
-    def __init__(self, handle: Callable[[ObjectKey, bool], None], workers: int) -> None:
+    def __init__(self, handle: Callable[[ObjectKey, bool], float | None], workers: int) -> None:
+        """`handle(key, resync)` reconciles; it may return seconds after which to reconcile that key again."""
         self._handle = handle
         self._cond = threading.Condition()
         self._due: list[tuple[float, int, ObjectKey]] = []  # heap of (due time, tie-breaker, key)
@@ -95,9 +96,9 @@ class WorkQueue:
     def _work(self) -> None:
         while (item := self._next()) is not None:
             key, resync = item
-            retry_in = None
+            retry_in = recheck_in = None
             try:
-                self._handle(key, resync)
+                recheck_in = self._handle(key, resync)
                 self._failures.pop(key, None)
             except Exception:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
@@ -110,3 +111,5 @@ class WorkQueue:
                 self.add(key, resync=again)
             if retry_in is not None:
                 self.add(key, resync=True, delay=retry_in)
+            elif recheck_in is not None:
+                self.add(key, resync=False, delay=recheck_in)

@@ -28,6 +28,8 @@ from stoker.render.names import (
     server_selector,
     server_selector_labels,
     service_name,
+    serving_selector,
+    serving_selector_labels,
 )
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job, seed_invocation
@@ -66,5 +68,7 @@ __all__ = [
     "server_selector",
     "server_selector_labels",
     "service_name",
+    "serving_selector",
+    "serving_selector_labels",
     "short_cache_key",
 ]

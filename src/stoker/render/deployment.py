@@ -8,6 +8,8 @@ from stoker.render.engine import engine_invocation
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     COMPONENT_SERVER,
+    ROLE_ACTIVE,
+    ROLE_LABEL,
     Json,
     common_labels,
     deployment_name,
@@ -21,19 +23,28 @@ PROGRESS_DEADLINE_SECONDS = 3600
 
 
 def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
+    """`replicas` defaults to the active plus the standby replicas the spec asks for."""
     key = cache_key(svc)
     labels = common_labels(svc.name, COMPONENT_SERVER, key[:SHORT_KEY_LENGTH])
     annotations = {CACHE_KEY_ANNOTATION: key}
+    pod_labels = dict(labels)
+    standby = svc.spec.cold_start.standby
+    if standby is not None:
+        # Every pod starts active, so it serves even if the operator is down; the operator puts the
+        # surplus to sleep. The label is not in the selector: relabelling keeps a pod in its ReplicaSet.
+        pod_labels[ROLE_LABEL] = ROLE_ACTIVE
+    if replicas is None:
+        replicas = svc.spec.runtime.replicas + (standby.replicas if standby is not None else 0)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": object_meta(svc, deployment_name(svc.name), labels, annotations),
         "spec": {
-            "replicas": svc.spec.runtime.replicas if replicas is None else replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": server_selector_labels(svc.name)},
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {
-                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                "metadata": {"labels": pod_labels, "annotations": dict(annotations)},
                 "spec": pod_spec(svc, "serve", engine_invocation(svc, "serve")),
             },
         },

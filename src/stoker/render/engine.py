@@ -32,8 +32,13 @@ KEY_IGNORED_FLAGS = frozenset(
         "--gpu-memory-utilization",
         "--load-format",
         "--model-loader-extra-config",
+        "--middleware",
     }
 )
+
+# With standby replicas: vLLM's sleep endpoints exist only in dev mode, on the serving port, so this
+# middleware (shipped in stoker's runtime image) answers them only to a caller holding the control token.
+CONTROL_GUARD = "stoker.guard.ControlGuard"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,10 @@ def model_string(svc: VLLMService) -> str:
     return svc.spec.model.name
 
 
+def served_model_name(svc: VLLMService) -> str:
+    return svc.spec.model.served_model_name or svc.spec.model.name
+
+
 def weights_from_volume(svc: VLLMService) -> bool:
     return svc.spec.model.source.pvc is not None or svc.spec.cold_start.model_cache.enabled
 
@@ -82,6 +91,8 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # back to spawn by itself where CUDA is already initialised. Ignored by the key; runtime.env wins.
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
     }
+    if svc.spec.cold_start.standby is not None:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # ignored by the key
     if svc.spec.cold_start.model_cache.enabled:
         env["HF_HOME"] = MODEL_CACHE_MOUNT_PATH
     if weights_from_volume(svc):
@@ -130,7 +141,7 @@ def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
         "--port",
         str(PORT),
         "--served-model-name",
-        spec.model.served_model_name or spec.model.name,
+        served_model_name(svc),
         "--tensor-parallel-size",
         str(runtime.effective_tensor_parallel_size),
     ]
@@ -142,6 +153,9 @@ def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
         args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
     args += _loader_args(svc, role)
     args += _cuda_graph_args(svc)
+    if spec.cold_start.standby is not None:
+        # The same for the seed: --enable-sleep-mode is part of the compile-cache key.
+        args += ["--enable-sleep-mode", "--middleware", CONTROL_GUARD]
     args += runtime.extra_args
     return EngineInvocation(
         image=runtime.image,

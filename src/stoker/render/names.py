@@ -13,6 +13,17 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 CACHE_KEY_LABEL = "stoker.dev/cache-key"
 CACHE_KEY_ANNOTATION = "stoker.dev/cache-key"
 
+# Standby replicas: the Service selects role=active; the operator moves pods between the roles.
+ROLE_LABEL = "stoker.dev/role"
+ROLE_ACTIVE = "active"
+ROLE_STANDBY = "standby"
+ASLEEP_ANNOTATION = "stoker.dev/asleep-at"
+STANDBY_SINCE_ANNOTATION = "stoker.dev/standby-since"
+# The ReplicaSet controller deletes pods of lower cost first: standby pods go before active ones.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+STANDBY_DELETION_COST = "-100"
+CONTROL_TOKEN_KEY = "token"
+
 COMPONENT_SERVER = "server"
 COMPONENT_SEED = "seed"
 COMPONENT_CACHE = "cache"
@@ -28,6 +39,10 @@ def model_pvc_name(name: str) -> str:
 
 def seed_job_name(name: str, short_key: str) -> str:
     return f"{name}-seed-{short_key}"
+
+
+def control_secret_name(name: str) -> str:
+    return f"{name}-control"
 
 
 def deployment_name(name: str) -> str:
@@ -56,8 +71,21 @@ def server_selector_labels(name: str) -> dict[str, str]:
 
 
 def server_selector(name: str) -> str:
-    """The label selector string for status.selector (the scale subresource's labelSelectorPath)."""
+    """Every serving pod, active or standby: what the Deployment owns."""
     return ",".join(f"{key}={value}" for key, value in server_selector_labels(name).items())
+
+
+def serving_selector_labels(svc: VLLMService) -> dict[str, str]:
+    """The pods behind the Service: with standby replicas, only the active ones."""
+    labels = server_selector_labels(svc.name)
+    if svc.spec.cold_start.standby is not None:
+        labels[ROLE_LABEL] = ROLE_ACTIVE
+    return labels
+
+
+def serving_selector(svc: VLLMService) -> str:
+    """status.selector (the scale subresource's labelSelectorPath): an HPA measures serving pods only."""
+    return ",".join(f"{key}={value}" for key, value in serving_selector_labels(svc).items())
 
 
 def object_meta(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 from stoker.api import VLLMService
+from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.render.engine import (
     CACHE_MOUNT_PATH,
     MODEL_CACHE_MOUNT_PATH,
@@ -13,7 +14,7 @@ from stoker.render.engine import (
     EngineInvocation,
     Role,
 )
-from stoker.render.names import Json, cache_pvc_name, model_pvc_name
+from stoker.render.names import CONTROL_TOKEN_KEY, Json, cache_pvc_name, control_secret_name, model_pvc_name
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
@@ -41,13 +42,20 @@ def _hf_token_env(svc: VLLMService) -> list[Json]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+def _control_token_env(svc: VLLMService) -> list[Json]:
+    if svc.spec.cold_start.standby is None:
+        return []
+    ref = {"name": control_secret_name(svc.name), "key": CONTROL_TOKEN_KEY}
+    return [{"name": CONTROL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
 def _secret_env(svc: VLLMService) -> list[Json]:
     user_env = [
         {"name": var.name, "valueFrom": copy.deepcopy(var.value_from)}
         for var in svc.spec.runtime.env
         if var.value_from
     ]
-    return _hf_token_env(svc) + user_env
+    return _hf_token_env(svc) + _control_token_env(svc) + user_env
 
 
 def _env_from(svc: VLLMService) -> list[Json]:

@@ -9,8 +9,8 @@ from stoker.render.names import (
     Json,
     common_labels,
     object_meta,
-    server_selector_labels,
     service_name,
+    serving_selector_labels,
 )
 
 
@@ -21,7 +21,7 @@ def build_service(svc: VLLMService) -> Json:
         "metadata": object_meta(svc, service_name(svc.name), common_labels(svc.name, COMPONENT_SERVER)),
         "spec": {
             "type": "ClusterIP",
-            "selector": server_selector_labels(svc.name),
+            "selector": serving_selector_labels(svc),
             "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
