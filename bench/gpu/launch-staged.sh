@@ -1,10 +1,11 @@
 #!/bin/bash
-# Device calls for seedwarmup.py (the 8-layer model; see docs/benchmarks/gpu-coldstart.md, "Seed warm-up").
-#   first call (carrying the first bundle part):  bench/gpu/launch-seedwarmup.sh prep PART_DIR
+# Device calls for a benchmark driver that takes MANIFEST OUT [args] (seedwarmup.py, standby.py), with the
+# model written and the image's bytecode compiled while the bundle parts arrive.
+#   first call (carrying the first bundle part):  [LAYERS=8] bench/gpu/launch-staged.sh prep PART_DIR
 #     stages the part, writes /root/t0, and starts the model writer and the bytecode compile detached
-#   middle calls:                                  bench/gpu/launch-seedwarmup.sh stage PART_DIR
-#   last call:  bench/gpu/launch-seedwarmup.sh go LAST_PART_DIR LEASE_S CALL_BUDGET_S [seedwarmup.py args]
-#     installs vLLM, starts seedwarmup.py detached (no repetition ends after /root/t0 + LEASE_S), harvests
+#   middle calls:                                  bench/gpu/launch-staged.sh stage PART_DIR
+#   last call:  DRIVER=standby.py [MANIFEST=...] bench/gpu/launch-staged.sh go LAST_PART_DIR LEASE_S CALL_BUDGET_S [args]
+#     installs vLLM, starts the driver detached (--stop-after: no run ends after /root/t0 + LEASE_S), harvests
 set -euo pipefail
 mode=$1 part_dir=$2; shift 2
 start=$(date +%s)
@@ -28,7 +29,7 @@ bash bench/gpu/setup.sh
 rm -rf /root/bench && mkdir -p /root/bench && cp -r bench/gpu src /root/bench/
 cd /root/bench/gpu
 stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
-PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 seedwarmup.py "${MANIFEST:-llama-8b.json}" /root/bench-out \
+PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 "${DRIVER:-seedwarmup.py}" "${MANIFEST:-llama-8b.json}" /root/bench-out \
     --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
 echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
 cd - > /dev/null

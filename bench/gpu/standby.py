@@ -1,0 +1,159 @@
+"""Standby replicas on a GPU host: a cold start of stoker's rendered serving pod, then sleep and wake cycles
+driven by the operator's own code (stoker.standby.EngineControl, the calls the operator makes).
+
+In order: the seed Job's invocation (wrapped, with --enable-sleep-mode, the guard middleware and a control
+token, exactly as rendered for a VLLMService with coldStart.standby); the serving invocation on the volume
+the seed left, with the page cache dropped (coldReadySeconds: first 200 from /health since process start);
+then, on that running server: a check that the guard refuses /sleep without the token, and WAKES cycles of
+EngineControl.sleep (level and mode as the operator sends them), a pause, and EngineControl.wake (POST
+/wake_up, GET /health, one completion: wakeToServedSeconds). GPU memory is read awake and asleep.
+
+Writes OUT/runs.jsonl, OUT/logs/*.log, OUT/host.json and OUT/standby.json (the results document).
+
+usage: standby.py MANIFEST OUT [--wakes 5] [--asleep-seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import secrets
+import shutil
+import statistics
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from coldstart import (
+    HOME,
+    SEED_SNAPSHOT,
+    gpu_memory_used_mib,
+    host_facts,
+    prepare,
+    run_server,
+    start_and_measure,
+)
+from profiles import Invocation, load_service, seed_invocation, serve_invocation
+
+import stoker
+from stoker.guard import CONTROL_TOKEN_ENV
+from stoker.standby import EngineControl, EngineControlError
+
+# Where vLLM imports the guard middleware from (the runtime image installs the stoker wheel instead).
+STOKER_SRC = Path(stoker.__file__).resolve().parent.parent
+
+
+def with_token(inv: Invocation, token: str) -> Invocation:
+    """The pod's environment also has the control token (from the Secret) and the guard importable."""
+    env = {**inv.env, CONTROL_TOKEN_ENV: token, "PYTHONPATH": f"{HOME}/site:{STOKER_SRC}"}
+    return dataclasses.replace(inv, env=env)
+
+
+def refused_without_token(base: str) -> int:
+    """The status /sleep answers without the control token: the guard must say 403."""
+    request = urllib.request.Request(f"{base}/sleep?level=1", method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def cycles(base: str, token: str, model: str, level: int, wakes: int, asleep_s: float) -> dict[str, Any]:
+    engine = EngineControl(base, token)
+    result: dict[str, Any] = {
+        "sleepWithoutTokenStatus": refused_without_token(base),
+        "gpuMemoryAwakeMiB": gpu_memory_used_mib(),
+        "cycles": [],
+    }
+    for index in range(1, wakes + 1):
+        cycle: dict[str, Any] = {"wake": index}
+        try:
+            cycle["sleepSeconds"] = round(engine.sleep(level, timeout=300), 3)
+            cycle["gpuMemoryAsleepMiB"] = gpu_memory_used_mib()
+            cycle["isSleeping"] = engine.is_sleeping(timeout=10)
+            time.sleep(asleep_s)
+            timing = engine.wake(model, timeout=60)
+            cycle.update(
+                wakeSeconds=round(timing.wake_seconds, 3),
+                healthSeconds=round(timing.health_seconds, 3),
+                wakeToServedSeconds=round(timing.served_seconds, 3),
+                gpuMemoryWokenMiB=gpu_memory_used_mib(),
+            )
+        except EngineControlError as error:
+            cycle["error"] = str(error)
+        result["cycles"].append(cycle)
+        print(json.dumps(cycle), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("manifest")
+    parser.add_argument("out")
+    parser.add_argument("--wakes", type=int, default=5)
+    parser.add_argument("--asleep-seconds", type=float, default=3.0)
+    parser.add_argument("--stop-after", type=float, default=0, help="accepted for the launcher; unused")
+    args = parser.parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    host_facts(out)
+    svc = load_service(args.manifest)
+    standby = svc.spec.cold_start.standby
+    assert standby is not None, "the manifest must set spec.coldStart.standby"
+    token = secrets.token_urlsafe(32)
+    runs = (out / "runs.jsonl").open("a")
+
+    seed = with_token(seed_invocation(svc), token)
+    prepare(seed.cache_mount_path, restore_seed=False)
+    seeded = start_and_measure(out / "logs" / "seed.log", seed, measure=False)
+    runs.write(json.dumps({"profile": "stoker-seed", **seeded, "argv": seed.argv}) + "\n")
+    print(json.dumps({"seed": seeded}), flush=True)
+    assert seed.cache_mount_path
+    shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
+    shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
+
+    serve = with_token(serve_invocation(svc, "stoker"), token)
+    dropped = prepare(serve.cache_mount_path, restore_seed=True)
+
+    def measure(base: str, result: dict[str, Any], _: subprocess.Popen[str]) -> None:
+        result.update(
+            cycles(base, token, serve.served_model_name, standby.level, args.wakes, args.asleep_seconds)
+        )
+
+    served = run_server(out / "logs" / "serve-standby.log", serve, measure)
+    runs.write(
+        json.dumps({"profile": "stoker-standby", **served, "pageCacheDropped": dropped, "argv": serve.argv})
+        + "\n"
+    )
+    runs.close()
+
+    cold = served.get("readySeconds")
+    woken = [c for c in served.get("cycles", []) if "wakeToServedSeconds" in c]
+    document = {
+        "benchmark": "standby wake (bench/gpu/standby.py)",
+        "manifest": args.manifest,
+        "host": json.loads((out / "host.json").read_text()),
+        "argv": serve.argv,
+        "coldReadySeconds": cold,
+        "sleepWithoutTokenStatus": served.get("sleepWithoutTokenStatus"),
+        "gpuMemoryAwakeMiB": served.get("gpuMemoryAwakeMiB"),
+        "runs": [
+            {"wakeToServedSeconds": c["wakeToServedSeconds"], "coldReadySeconds": cold, **c} for c in woken
+        ],
+        "failedWakes": [c for c in served.get("cycles", []) if "error" in c],
+        "medianWakeToServedSeconds": round(statistics.median(c["wakeToServedSeconds"] for c in woken), 3)
+        if woken
+        else None,
+    }
+    (out / "standby.json").write_text(json.dumps(document, indent=1) + "\n")
+    print(json.dumps({k: document[k] for k in ("coldReadySeconds", "medianWakeToServedSeconds")}), flush=True)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
