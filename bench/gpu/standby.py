@@ -3,14 +3,14 @@ driven by the operator's own code (stoker.standby.EngineControl, the calls the o
 
 In order: the seed Job's invocation (wrapped, with --enable-sleep-mode, the guard middleware and a control
 token, exactly as rendered for a VLLMService with coldStart.standby); the serving invocation on the volume
-the seed left, with the page cache dropped (coldReadySeconds: first 200 from /health since process start);
-then, on that running server: a check that the guard refuses /sleep without the token, and WAKES cycles of
+the seed left, with the page cache dropped (coldReadySeconds: first 200 from /health since process start),
+SERVERS times, each a new pod; on each running server: a check that the guard refuses /sleep without the token, and WAKES cycles of
 EngineControl.sleep (level and mode as the operator sends them), a pause, and EngineControl.wake (POST
 /wake_up, GET /health, one completion: wakeToServedSeconds). GPU memory is read awake and asleep.
 
 Writes OUT/runs.jsonl, OUT/logs/*.log, OUT/host.json and OUT/standby.json (the results document).
 
-usage: standby.py MANIFEST OUT [--wakes 5] [--asleep-seconds 3]
+usage: standby.py MANIFEST OUT [--servers 3] [--wakes 2] [--asleep-seconds 3]
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
     parser.add_argument("out")
-    parser.add_argument("--wakes", type=int, default=5)
+    parser.add_argument("--servers", type=int, default=3, help="serving starts, each a new pod")
+    parser.add_argument("--wakes", type=int, default=2, help="sleep and wake cycles per serving start")
     parser.add_argument("--asleep-seconds", type=float, default=3.0)
     parser.add_argument("--stop-after", type=float, default=0, help="accepted for the launcher; unused")
     args = parser.parse_args()
@@ -118,40 +119,53 @@ def main() -> None:
     shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
 
     serve = with_token(serve_invocation(svc, "stoker"), token)
-    dropped = prepare(serve.cache_mount_path, restore_seed=True)
+    runs_of_all: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    servers: list[dict[str, Any]] = []
+    for server in range(1, args.servers + 1):
+        # A new pod on a new node: the seeded volume, no container-local caches, cold page cache.
+        dropped = prepare(serve.cache_mount_path, restore_seed=True)
 
-    def measure(base: str, result: dict[str, Any], _: subprocess.Popen[str]) -> None:
-        result.update(
-            cycles(base, token, serve.served_model_name, standby.level, args.wakes, args.asleep_seconds)
+        def measure(base: str, result: dict[str, Any], _: subprocess.Popen[str]) -> None:
+            level, wakes, pause = standby.level, args.wakes, args.asleep_seconds
+            result.update(cycles(base, token, serve.served_model_name, level, wakes, pause))
+
+        served = run_server(out / "logs" / f"serve-standby-{server}.log", serve, measure)
+        record = {"profile": "stoker-standby", "server": server, **served, "pageCacheDropped": dropped}
+        runs.write(json.dumps({**record, "argv": serve.argv}) + "\n")
+        servers.append(
+            {k: served.get(k) for k in ("readySeconds", "sleepWithoutTokenStatus", "gpuMemoryAwakeMiB")}
         )
-
-    served = run_server(out / "logs" / "serve-standby.log", serve, measure)
-    runs.write(
-        json.dumps({"profile": "stoker-standby", **served, "pageCacheDropped": dropped, "argv": serve.argv})
-        + "\n"
-    )
+        for cycle in served.get("cycles", []):
+            if "wakeToServedSeconds" in cycle:
+                cold = {"server": server, "coldReadySeconds": served.get("readySeconds")}
+                runs_of_all.append({"wakeToServedSeconds": cycle["wakeToServedSeconds"], **cold, **cycle})
+            else:
+                failed.append({"server": server, **cycle})
     runs.close()
 
-    cold = served.get("readySeconds")
-    woken = [c for c in served.get("cycles", []) if "wakeToServedSeconds" in c]
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
     document = {
         "benchmark": "standby wake (bench/gpu/standby.py)",
         "manifest": args.manifest,
         "host": json.loads((out / "host.json").read_text()),
         "argv": serve.argv,
-        "coldReadySeconds": cold,
-        "sleepWithoutTokenStatus": served.get("sleepWithoutTokenStatus"),
-        "gpuMemoryAwakeMiB": served.get("gpuMemoryAwakeMiB"),
-        "runs": [
-            {"wakeToServedSeconds": c["wakeToServedSeconds"], "coldReadySeconds": cold, **c} for c in woken
-        ],
-        "failedWakes": [c for c in served.get("cycles", []) if "error" in c],
-        "medianWakeToServedSeconds": round(statistics.median(c["wakeToServedSeconds"] for c in woken), 3)
-        if woken
-        else None,
+        "seedReadySeconds": seeded.get("readySeconds"),
+        "servers": servers,
+        "runs": runs_of_all,
+        "failedWakes": failed,
+        "medianColdReadySeconds": median([s["readySeconds"] for s in servers if s["readySeconds"]]),
+        "medianWakeToServedSeconds": median([r["wakeToServedSeconds"] for r in runs_of_all]),
+        # What a standby pod does under the operator: its first sleep and its first wake.
+        "medianFirstWakeToServedSeconds": median(
+            [r["wakeToServedSeconds"] for r in runs_of_all if r["wake"] == 1]
+        ),
     }
     (out / "standby.json").write_text(json.dumps(document, indent=1) + "\n")
-    print(json.dumps({k: document[k] for k in ("coldReadySeconds", "medianWakeToServedSeconds")}), flush=True)
+    summary = ("medianColdReadySeconds", "medianWakeToServedSeconds", "medianFirstWakeToServedSeconds")
+    print(json.dumps({key: document[key] for key in summary}), flush=True)
     print("done", flush=True)
 
 
