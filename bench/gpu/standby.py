@@ -4,9 +4,10 @@ driven by the operator's own code (stoker.standby.EngineControl, the calls the o
 In order: the seed Job's invocation (wrapped, with --enable-sleep-mode, the guard middleware and a control
 token, exactly as rendered for a VLLMService with coldStart.standby); the serving invocation on the volume
 the seed left, with the page cache dropped (coldReadySeconds: first 200 from /health since process start),
-SERVERS times, each a new pod; on each running server: a check that the guard refuses /sleep without the token, and WAKES cycles of
-EngineControl.sleep (level and mode as the operator sends them), a pause, and EngineControl.wake (POST
-/wake_up, GET /health, one completion: wakeToServedSeconds). GPU memory is read awake and asleep.
+SERVERS times, each a new pod. On each running server: a check that the guard refuses /sleep without the
+token, then WAKES cycles of EngineControl.sleep (level and mode as the operator sends them), a pause, and
+EngineControl.wake (POST /wake_up, GET /health, one completion: wakeToServedSeconds). GPU memory is read
+awake and asleep.
 
 Writes OUT/runs.jsonl, OUT/logs/*.log, OUT/host.json and OUT/standby.json (the results document).
 
