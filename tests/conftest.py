@@ -39,6 +39,8 @@ def _cluster_env() -> dict[str, str]:
         os.environ,
         STOKER_CLUSTER_DIR=os.environ.get("STOKER_TEST_CLUSTER_DIR", "/tmp/stoker-test-cluster"),
         STOKER_CLUSTER_PORT_BASE=os.environ.get("STOKER_TEST_PORT_BASE", "24790"),
+        # Pod IPs are local addresses here; test doubles of vLLM listen on them (tests/fakevllm.py).
+        STOKER_POD_CIDR=os.environ.get("STOKER_TEST_POD_CIDR", "10.245.0.0/16"),
     )
 
 
@@ -148,6 +150,7 @@ class Operator:
             STOKER_LIVENESS_PORT=str(self.liveness_port),
             STOKER_BIND_ADDRESS="127.0.0.1",
             STOKER_DRIFT_INTERVAL_SECONDS="5",
+            STOKER_STANDBY_DRAIN_SECONDS="1",
             PYTHONUNBUFFERED="1",
             **(env or {}),
         )

@@ -1,0 +1,223 @@
+"""Standby replicas on the real control plane, with a vLLM test double listening on each fake pod's IP."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stoker.render import PORT
+from tests.e2e.helpers import condition, get_json, wait_for
+from tests.fakevllm import FakeEngine
+
+pytestmark = pytest.mark.e2e
+
+ROLE = "stoker.dev/role"
+
+
+class Fleet:
+    """A FakeEngine for every pod of one VLLMService that has an IP, started as the pod gets one."""
+
+    def __init__(self, kubectl: Any, namespace: str, name: str) -> None:
+        self.kubectl, self.namespace, self.name = kubectl, namespace, name
+        self.engines: dict[str, FakeEngine] = {}  # pod name -> its engine
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.token = ""
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Fleet:
+        secret = wait_for(
+            lambda: get_json(self.kubectl, "-n", self.namespace, "secret", f"{self.name}-control"),
+            what="the control token Secret",
+        )
+        self.token = base64.b64decode(secret["data"]["token"]).decode()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+        for engine in self.engines.values():
+            engine.close()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(0.3):
+            pods = self.pods()
+            with self.lock:
+                # Gone pods first: kwok may give a new pod the IP of a deleted one.
+                for gone in set(self.engines) - {pod["metadata"]["name"] for pod in pods}:
+                    self.engines.pop(gone).close()
+                for pod in pods:
+                    ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
+                    if ip and pod_name not in self.engines:
+                        self.engines[pod_name] = FakeEngine(ip, PORT, self.token)
+
+    def pods(self) -> list[dict[str, Any]]:
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=server"
+        found = get_json(self.kubectl, "-n", self.namespace, "pods", "-l", selector) or {"items": []}
+        return [pod for pod in found["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+    def engine(self, pod: str) -> FakeEngine:
+        with self.lock:
+            return self.engines[pod]
+
+    def by_role(self) -> dict[str, list[str]]:
+        roles: dict[str, list[str]] = {"active": [], "standby": []}
+        for pod in self.pods():
+            roles.setdefault(pod["metadata"]["labels"].get(ROLE, ""), []).append(pod["metadata"]["name"])
+        return roles
+
+
+def standby_service(name: str, replicas: int, wake_timeout: int = 10) -> dict[str, Any]:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "runtime": {"replicas": replicas},
+            "coldStart": {
+                "seed": {"enabled": False},
+                "standby": {"replicas": 1, "wakeTimeoutSeconds": wake_timeout},
+            },
+        },
+    }
+
+
+@pytest.fixture
+def fleet(namespace: str, kubectl: Any, operator: Any, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    name, replicas, wake_timeout = request.param
+    kubectl(
+        "-n", namespace, "apply", "-f", "-", input=json.dumps(standby_service(name, replicas, wake_timeout))
+    )
+    with Fleet(kubectl, namespace, name) as running:
+        yield running
+
+
+def settled(fleet: Fleet, active: int, standby: int) -> dict[str, Any] | None:
+    """The VLLMService once `active` pods serve and `standby` pods sleep, and no other pod exists."""
+    svc = get_json(fleet.kubectl, "-n", fleet.namespace, "vllmservice", fleet.name)
+    status = (svc or {}).get("status") or {}
+    roles = fleet.by_role()
+    if (len(roles["active"]), len(roles["standby"])) != (active, standby) or len(
+        fleet.pods()
+    ) != active + standby:
+        return None
+    if status.get("replicas") != active or status.get("standbyReplicas") != standby:
+        return None
+    return svc if condition(svc, "Ready").get("status") == "True" else None
+
+
+def endpoint_ips(fleet: Fleet) -> set[str]:
+    slices = get_json(
+        fleet.kubectl,
+        "-n",
+        fleet.namespace,
+        "endpointslices",
+        "-l",
+        f"kubernetes.io/service-name={fleet.name}",
+    )
+    return {
+        address
+        for item in (slices or {"items": []})["items"]
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    }
+
+
+def pod_ips(fleet: Fleet, names: list[str]) -> set[str]:
+    return {pod["status"]["podIP"] for pod in fleet.pods() if pod["metadata"]["name"] in names}
+
+
+def events(fleet: Fleet, reason: str) -> list[str]:
+    found = get_json(
+        fleet.kubectl, "-n", fleet.namespace, "events", "--field-selector", f"reason={reason}"
+    ) or {"items": []}
+    return [event["message"] for event in found["items"]]
+
+
+@pytest.mark.parametrize("fleet", [("pool", 1, 10)], indirect=True)
+def test_standby_sleeps_out_of_the_service_and_wakes_on_scale_up(fleet: Fleet) -> None:
+    svc = wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
+    roles = fleet.by_role()
+    (sleeper,) = roles["standby"]
+    (server,) = roles["active"]
+    # Put to sleep through the guarded endpoint with the token, at the spec's level, after in-flight work.
+    assert fleet.engine(sleeper).asleep
+    assert fleet.engine(sleeper).called("POST /sleep") == ["POST /sleep?level=1&mode=wait"]
+    assert not fleet.engine(server).called("POST /sleep")
+    pods = {pod["metadata"]["name"]: pod for pod in fleet.pods()}
+    annotations = pods[sleeper]["metadata"]["annotations"]
+    assert annotations["controller.kubernetes.io/pod-deletion-cost"] == "-100"
+    assert "stoker.dev/asleep-at" in annotations
+    # Only the active pod is behind the Service; an HPA measures the active pods only.
+    service = get_json(fleet.kubectl, "-n", fleet.namespace, "service", fleet.name)
+    assert service and service["spec"]["selector"][ROLE] == "active"
+    wait_for(lambda: endpoint_ips(fleet) == pod_ips(fleet, [server]), what="endpoints = the active pod")
+    assert svc["status"]["selector"].endswith(",stoker.dev/role=active")
+    assert {p["pod"]: p["role"] for p in svc["status"]["standby"]["pods"]} == {
+        server: "active",
+        sleeper: "standby",
+    }
+    deployment = get_json(fleet.kubectl, "-n", fleet.namespace, "deployment", fleet.name)
+    assert deployment and deployment["spec"]["replicas"] == 2
+
+    # Scale up through the scale subresource, as an HPA does: the sleeper wakes and serves at once.
+    fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=2")
+    wait_for(lambda: sleeper in fleet.by_role()["active"], what="the standby pod to become active")
+    engine = fleet.engine(sleeper)
+    assert not engine.asleep
+    woke = [call.split("?")[0] for call in engine.calls if not call.startswith("POST /sleep")]
+    assert woke[-3:] == ["POST /wake_up", "GET /health", "POST /v1/completions"]
+    assert any(sleeper in message and "served a completion" in message for message in events(fleet, "Woke"))
+    # The Deployment replaced the woken standby: a new pod comes up and goes to sleep in its turn.
+    svc = wait_for(lambda: settled(fleet, active=2, standby=1), what="2 active and 1 asleep standby")
+    assert svc["status"]["standby"]["lastWake"]["pod"] == sleeper
+    assert svc["status"]["standby"]["lastWake"]["servedSeconds"] > 0
+    wait_for(
+        lambda: (
+            endpoint_ips(fleet) == pod_ips(fleet, fleet.by_role()["active"]) and len(endpoint_ips(fleet)) == 2
+        ),
+        what="endpoints = the two active pods",
+    )
+
+    # Scale down: an active pod goes back to standby first, then the surplus standby is deleted.
+    fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=1")
+    wait_for(lambda: settled(fleet, active=1, standby=1), what="back to 1 active and 1 asleep standby")
+    assert events(fleet, "Demoted")
+
+
+@pytest.mark.parametrize("fleet", [("stuck", 1, 1)], indirect=True)
+def test_a_standby_that_does_not_wake_in_time_is_replaced_not_served(fleet: Fleet) -> None:
+    wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
+    (stuck,) = fleet.by_role()["standby"]
+    fleet.engine(stuck).wake_delay = 3.0  # longer than wakeTimeoutSeconds: 1
+    fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=2")
+    wait_for(
+        lambda: any(stuck in message for message in events(fleet, "WakeFailed")), what="a WakeFailed Event"
+    )
+    # Never served: deleted, and the Deployment's new pods fill both the active and the standby places.
+    svc = wait_for(lambda: settled(fleet, active=2, standby=1), what="2 active and 1 asleep standby")
+    assert stuck not in {pod["metadata"]["name"] for pod in fleet.pods()}
+    assert svc["status"]["standby"]["lastWake"]["failed"] is True
+
+
+@pytest.mark.parametrize("fleet", [("awake", 1, 10)], indirect=True)
+def test_a_standby_found_awake_is_put_back_to_sleep(fleet: Fleet) -> None:
+    """An operator that died after /wake_up but before relabelling leaves an awake standby; the next resync
+    asks the engine and puts it back to sleep."""
+    wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
+    (sleeper,) = fleet.by_role()["standby"]
+    engine = fleet.engine(sleeper)
+    engine.asleep = False
+    wait_for(
+        lambda: len(engine.called("POST /sleep")) == 2 and engine.asleep, timeout=60, what="a second sleep"
+    )
+    assert engine.called("GET /is_sleeping")
+    assert fleet.by_role()["standby"] == [sleeper]
