@@ -151,6 +151,7 @@ class Operator:
             STOKER_BIND_ADDRESS="127.0.0.1",
             STOKER_DRIFT_INTERVAL_SECONDS="5",
             STOKER_STANDBY_DRAIN_SECONDS="1",
+            STOKER_CONTROL_KEY="e2e-control-key",
             PYTHONUNBUFFERED="1",
             **(env or {}),
         )

@@ -1,8 +1,8 @@
 """A test double of the vLLM HTTP endpoints stoker calls: /health, /sleep, /wake_up, /is_sleeping and
-/v1/completions, guarded by the same rule as stoker.guard (so a caller without the control token is refused).
+/v1/completions, behind the same rule as stoker.guard (a caller without the control token is refused).
 
-It is a real HTTP server on a real address: in e2e tests, on a fake pod's own IP (hack/cluster makes the
-pod range local), where the operator dials it exactly as it would dial a vLLM pod.
+It is a real HTTP server on a real address: in unit tests on 127.0.0.1, in e2e tests on a fake pod's own
+IP (hack/cluster makes the pod range local), where the operator dials it as it would dial a vLLM pod.
 """
 
 from __future__ import annotations
@@ -11,66 +11,77 @@ import json
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from stoker.guard import CONTROL_TOKEN_HEADER, control_request_allowed
 
+# method, path, query, JSON body
+Request = tuple[str, str, dict[str, list[str]], object]
 
+
+@dataclass
 class FakeEngine:
-    """One engine's state; `wake_delay` makes /wake_up hang, `serve_fails` makes completions fail."""
+    """The double's state and the failures it is told to produce."""
 
-    def __init__(self, host: str, port: int, token: str | None) -> None:
-        self.token = token
-        self.asleep = False
-        self.wake_delay = 0.0
-        self.serve_fails = False
-        self.calls: list[str] = []  # "METHOD /path?query" of every request, refused ones too
-        self.lock = threading.Lock()
-        engine = self
+    token: str | None
+    sleeping: bool = False
+    requests: list[Request] = field(default_factory=list)
+    answers: dict[str, tuple[int, object]] = field(default_factory=dict)  # path -> forced status and body
+    wake_delay: float = 0.0  # /wake_up takes this long
+    step_seconds: float = 0.0  # every endpoint takes this long, so timed steps are apart
 
+    def paths(self) -> list[tuple[str, str]]:
+        return [(method, path) for method, path, _, _ in list(self.requests)]
+
+    def _route(self, method: str, path: str) -> tuple[int, object]:
+        time.sleep(self.step_seconds)
+        if path in self.answers:
+            return self.answers[path]
+        if (method, path) == ("POST", "/sleep"):
+            self.sleeping = True
+        elif (method, path) == ("POST", "/wake_up"):
+            time.sleep(self.wake_delay)
+            self.sleeping = False
+        elif (method, path) == ("GET", "/is_sleeping"):
+            return 200, {"is_sleeping": self.sleeping}
+        elif (method, path) == ("POST", "/v1/completions"):
+            return (503, {"error": "asleep"}) if self.sleeping else (200, {"choices": [{"text": "x"}]})
+        elif (method, path) != ("GET", "/health"):
+            return 404, {"error": "not found"}
+        return 200, b""
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client that timed out and left makes the reply fail: expected here
+
+
+class FakeEngineServer:
+    """Serves `engine` on (host, port) until closed; `url` is where it listens."""
+
+    def __init__(self, engine: FakeEngine, host: str = "127.0.0.1", port: int = 0) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_: object) -> None:
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
-            def _answer(self, status: int, body: object | None = None) -> None:
-                data = json.dumps(body if body is not None else {}).encode()
+            def _handle(self, method: str) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                engine.requests.append((method, url.path, urllib.parse.parse_qs(url.query), body))
+                if control_request_allowed(url.path, self.headers.get(CONTROL_TOKEN_HEADER), engine.token):
+                    status, answer = engine._route(method, url.path)
+                else:
+                    status, answer = 403, {"error": "Forbidden"}
+                data = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                url = urllib.parse.urlsplit(self.path)
-                with engine.lock:
-                    engine.calls.append(f"{method} {self.path}")
-                if not control_request_allowed(
-                    url.path, self.headers.get(CONTROL_TOKEN_HEADER), engine.token
-                ):
-                    self._answer(403, {"error": "Forbidden"})
-                    return
-                route = (method, url.path)
-                if route == ("GET", "/health"):
-                    self._answer(200)
-                elif route == ("POST", "/sleep"):
-                    engine.asleep = True
-                    self._answer(200)
-                elif route == ("POST", "/wake_up"):
-                    time.sleep(engine.wake_delay)
-                    engine.asleep = False
-                    self._answer(200)
-                elif route == ("GET", "/is_sleeping"):
-                    self._answer(200, {"is_sleeping": engine.asleep})
-                elif route == ("POST", "/v1/completions"):
-                    if engine.asleep or engine.serve_fails:
-                        self._answer(503, {"error": "not serving"})
-                    else:
-                        self._answer(200, {"choices": [{"text": "!"}]})
-                else:
-                    self._answer(404)
 
             def do_GET(self) -> None:
                 self._handle("GET")
@@ -78,15 +89,13 @@ class FakeEngine:
             def do_POST(self) -> None:
                 self._handle("POST")
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self.address = f"http://{host}:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def called(self, prefix: str) -> list[str]:
-        with self.lock:
-            return [call for call in self.calls if call.startswith(prefix)]
+        self.engine = engine
+        self.server = _QuietServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.thread.join(5)

@@ -12,7 +12,7 @@ import pytest
 
 from stoker.render import PORT
 from tests.e2e.helpers import condition, get_json, wait_for
-from tests.fakevllm import FakeEngine
+from tests.fakevllm import FakeEngine, FakeEngineServer
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ class Fleet:
 
     def __init__(self, kubectl: Any, namespace: str, name: str) -> None:
         self.kubectl, self.namespace, self.name = kubectl, namespace, name
-        self.engines: dict[str, FakeEngine] = {}  # pod name -> its engine
+        self.engines: dict[str, FakeEngineServer] = {}  # pod name -> its engine
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.token = ""
@@ -55,7 +55,7 @@ class Fleet:
                 for pod in pods:
                     ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
                     if ip and pod_name not in self.engines:
-                        self.engines[pod_name] = FakeEngine(ip, PORT, self.token)
+                        self.engines[pod_name] = FakeEngineServer(FakeEngine(self.token), ip, PORT)
 
     def pods(self) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=server"
@@ -64,13 +64,18 @@ class Fleet:
 
     def engine(self, pod: str) -> FakeEngine:
         with self.lock:
-            return self.engines[pod]
+            return self.engines[pod].engine
 
     def by_role(self) -> dict[str, list[str]]:
         roles: dict[str, list[str]] = {"active": [], "standby": []}
         for pod in self.pods():
             roles.setdefault(pod["metadata"]["labels"].get(ROLE, ""), []).append(pod["metadata"]["name"])
         return roles
+
+
+def sleeps(engine: FakeEngine) -> list[dict[str, list[str]]]:
+    """The query of each /sleep call the engine answered."""
+    return [query for method, path, query, _ in list(engine.requests) if (method, path) == ("POST", "/sleep")]
 
 
 def standby_service(name: str, replicas: int, wake_timeout: int = 10) -> dict[str, Any]:
@@ -149,9 +154,9 @@ def test_standby_sleeps_out_of_the_service_and_wakes_on_scale_up(fleet: Fleet) -
     (sleeper,) = roles["standby"]
     (server,) = roles["active"]
     # Put to sleep through the guarded endpoint with the token, at the spec's level, after in-flight work.
-    assert fleet.engine(sleeper).asleep
-    assert fleet.engine(sleeper).called("POST /sleep") == ["POST /sleep?level=1&mode=wait"]
-    assert not fleet.engine(server).called("POST /sleep")
+    assert fleet.engine(sleeper).sleeping
+    assert sleeps(fleet.engine(sleeper)) == [{"level": ["1"], "mode": ["wait"]}]
+    assert not sleeps(fleet.engine(server))
     pods = {pod["metadata"]["name"]: pod for pod in fleet.pods()}
     annotations = pods[sleeper]["metadata"]["annotations"]
     assert annotations["controller.kubernetes.io/pod-deletion-cost"] == "-100"
@@ -172,9 +177,8 @@ def test_standby_sleeps_out_of_the_service_and_wakes_on_scale_up(fleet: Fleet) -
     fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=2")
     wait_for(lambda: sleeper in fleet.by_role()["active"], what="the standby pod to become active")
     engine = fleet.engine(sleeper)
-    assert not engine.asleep
-    woke = [call.split("?")[0] for call in engine.calls if not call.startswith("POST /sleep")]
-    assert woke[-3:] == ["POST /wake_up", "GET /health", "POST /v1/completions"]
+    assert not engine.sleeping
+    assert engine.paths()[-3:] == [("POST", "/wake_up"), ("GET", "/health"), ("POST", "/v1/completions")]
     assert any(sleeper in message and "served a completion" in message for message in events(fleet, "Woke"))
     # The Deployment replaced the woken standby: a new pod comes up and goes to sleep in its turn.
     svc = wait_for(lambda: settled(fleet, active=2, standby=1), what="2 active and 1 asleep standby")
@@ -215,9 +219,7 @@ def test_a_standby_found_awake_is_put_back_to_sleep(fleet: Fleet) -> None:
     wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
     (sleeper,) = fleet.by_role()["standby"]
     engine = fleet.engine(sleeper)
-    engine.asleep = False
-    wait_for(
-        lambda: len(engine.called("POST /sleep")) == 2 and engine.asleep, timeout=60, what="a second sleep"
-    )
-    assert engine.called("GET /is_sleeping")
+    engine.sleeping = False
+    wait_for(lambda: len(sleeps(engine)) == 2 and engine.sleeping, timeout=60, what="a second sleep")
+    assert ("GET", "/is_sleeping") in engine.paths()
     assert fleet.by_role()["standby"] == [sleeper]

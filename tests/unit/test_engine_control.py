@@ -2,122 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 import time
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from stoker.guard import CONTROL_TOKEN_HEADER, control_request_allowed
 from stoker.standby import EngineControl, EngineControlError, WakeTiming
+from tests.fakevllm import FakeEngine, FakeEngineServer
 
 TOKEN = "control-token"
 MODEL = "llama"
 
 
-# method, path, query, JSON body
-Request = tuple[str, str, dict[str, list[str]], dict[str, object] | None]
-
-
-@dataclass
-class FakeEngine:
-    """The double's state and the failures it is told to produce."""
-
-    token: str = TOKEN
-    sleeping: bool = False
-    requests: list[Request] = field(default_factory=list)
-    answers: dict[str, tuple[int, object]] = field(default_factory=dict)  # path -> forced status and body
-    hang_wake_up: threading.Event | None = None  # set: /wake_up blocks until the event is set
-    step_seconds: float = 0.0  # each endpoint takes this long, so the timing steps are apart
-
-
-def make_handler(engine: FakeEngine) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # keep pytest output clean
-            pass
-
-        def _answer(self, status: int, body: object) -> None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _handle(self, method: str) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            engine.requests.append((method, url.path, urllib.parse.parse_qs(url.query), body))
-            # The same rule as the guard in front of the real engine.
-            if not control_request_allowed(url.path, self.headers.get(CONTROL_TOKEN_HEADER), engine.token):
-                self._answer(403, {"error": "Forbidden"})
-                return
-            time.sleep(engine.step_seconds)
-            route = (method, url.path)
-            if url.path in engine.answers:
-                self._answer(*engine.answers[url.path])
-            elif route == ("POST", "/sleep"):
-                engine.sleeping = True
-                self._answer(200, b"")
-            elif route == ("POST", "/wake_up"):
-                if engine.hang_wake_up is not None:
-                    engine.hang_wake_up.wait(10)
-                engine.sleeping = False
-                self._answer(200, b"")
-            elif route == ("GET", "/is_sleeping"):
-                self._answer(200, {"is_sleeping": engine.sleeping})
-            elif route == ("GET", "/health"):
-                self._answer(200, b"")
-            elif route == ("POST", "/v1/completions"):
-                if engine.sleeping:
-                    self._answer(503, {"error": "asleep"})
-                else:
-                    self._answer(200, {"choices": [{"text": "x"}]})
-            else:
-                self._answer(404, {"error": "not found"})
-
-        def do_GET(self) -> None:
-            self._handle("GET")
-
-        def do_POST(self) -> None:
-            self._handle("POST")
-
-    return Handler
-
-
-class QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a client that timed out and left makes the handler's reply fail: expected here
-
-
 @pytest.fixture
 def engine() -> FakeEngine:
-    return FakeEngine()
+    return FakeEngine(token=TOKEN)
 
 
 @pytest.fixture
 def base_url(engine: FakeEngine) -> Iterator[str]:
-    server = QuietServer(("127.0.0.1", 0), make_handler(engine))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    server = FakeEngineServer(engine)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server.url
     finally:
-        if engine.hang_wake_up is not None:
-            engine.hang_wake_up.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        server.close()
 
 
 def paths(engine: FakeEngine) -> list[tuple[str, str]]:
-    return [(method, path) for method, path, _, _ in engine.requests]
+    return engine.paths()
 
 
 def test_sleep_then_is_sleeping(engine: FakeEngine, base_url: str) -> None:
@@ -194,14 +107,6 @@ def test_a_sleeping_engine_fails_the_wake_probe(engine: FakeEngine, base_url: st
         EngineControl(base_url, TOKEN).wake(MODEL, 2)
 
 
-NON_JSON_BUG = (
-    "BUG: EngineControl.wake and is_sleeping decode JSON outside _call, so a 200 answer that is not a JSON "
-    "object leaks json.JSONDecodeError / AttributeError instead of EngineControlError (the controller "
-    "catches only EngineControlError)."
-)
-
-
-@pytest.mark.xfail(strict=True, raises=(json.JSONDecodeError, AttributeError), reason=NON_JSON_BUG)
 @pytest.mark.parametrize("answer", [b"<html>proxy error</html>", ["x"]], ids=["html", "list"])
 def test_completion_that_is_not_a_json_object_fails_the_wake(
     engine: FakeEngine, base_url: str, answer: object
@@ -211,7 +116,6 @@ def test_completion_that_is_not_a_json_object_fails_the_wake(
         EngineControl(base_url, TOKEN).wake(MODEL, 2)
 
 
-@pytest.mark.xfail(strict=True, raises=json.JSONDecodeError, reason=NON_JSON_BUG)
 def test_is_sleeping_answer_that_is_not_json_raises_engine_control_error(
     engine: FakeEngine, base_url: str
 ) -> None:
@@ -222,7 +126,7 @@ def test_is_sleeping_answer_that_is_not_json_raises_engine_control_error(
 
 def test_wake_that_hangs_fails_within_the_timeout(engine: FakeEngine, base_url: str) -> None:
     engine.sleeping = True
-    engine.hang_wake_up = threading.Event()
+    engine.wake_delay = 3.0
     started = time.monotonic()
     with pytest.raises(EngineControlError, match="POST /wake_up"):
         EngineControl(base_url, TOKEN).wake(MODEL, 0.5)
@@ -257,12 +161,6 @@ def test_connection_refused_raises_engine_control_error() -> None:
     assert time.monotonic() - started < 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG (minor): _call's `except (OSError, ValueError)` says it covers a bad URL, but "
-    "urllib.request.Request(...) raises ValueError before the try block.",
-)
 def test_bad_url_raises_engine_control_error() -> None:
     with pytest.raises(EngineControlError):
         EngineControl("not-a-url", TOKEN).is_sleeping(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 from typing import Any
 
@@ -20,7 +21,7 @@ from stoker.render import (
     server_selector,
     serving_selector,
 )
-from stoker.render.control import build_control_secret, new_control_token
+from stoker.render.control import build_control_secret, control_token
 
 BASE: dict[str, Any] = {
     "apiVersion": "stoker.dev/v1alpha1",
@@ -184,19 +185,27 @@ def test_control_secret() -> None:
     assert secret["metadata"]["name"] == "llama-control"
     assert secret["metadata"]["namespace"] == "ml"
     assert secret["metadata"]["labels"]["app.kubernetes.io/instance"] == "llama"
-    assert secret["stringData"] == {"token": "tok-123"}
-    assert "data" not in secret
+    assert secret["data"] == {"token": base64.b64encode(b"tok-123").decode()}
+    assert "stringData" not in secret
 
 
 def test_control_secret_is_what_the_pods_read() -> None:
     secret = build_control_secret(service({}), "tok")
-    assert {"name": secret["metadata"]["name"], "key": next(iter(secret["stringData"]))} == TOKEN_REF
+    assert {"name": secret["metadata"]["name"], "key": next(iter(secret["data"]))} == TOKEN_REF
 
 
-def test_new_control_tokens_are_long_and_distinct() -> None:
-    tokens = {new_control_token() for _ in range(20)}
-    assert len(tokens) == 20
-    assert all(len(token) >= 32 for token in tokens)
+def test_control_tokens_are_derived_per_object_and_key() -> None:
+    """The operator never reads the Secret back: the same key and uid always give the same token."""
+    tokens = {control_token("key", f"uid-{n}") for n in range(20)}
+    assert len(tokens) == 20 and all(len(token) >= 32 for token in tokens)
+    assert control_token("key", "uid-1") == control_token("key", "uid-1") != control_token("other", "uid-1")
+
+
+def test_the_control_secret_is_a_child_only_with_standby_and_a_token() -> None:
+    kinds = [child["kind"] for child in render_children(service({}), control_token="tok")]
+    assert kinds[0] == "Secret"
+    assert "Secret" not in [child["kind"] for child in render_children(service({}))]
+    assert "Secret" not in [child["kind"] for child in render_children(service(), control_token="tok")]
 
 
 # ----------------------------------------------------------------------------------------- validation

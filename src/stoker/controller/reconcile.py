@@ -143,13 +143,13 @@ class Reconciler:
         )
 
         pods = self.kube.list_objects("v1", "Pod", meta["namespace"], server_selector(svc.name))
-        # Before the children: the seed and the pods read the control token, and a scale-up wakes a
-        # standby before the Deployment starts its replacement.
+        # Before the children: a scale-up wakes a standby before the Deployment starts its replacement.
         standby = self.standby.reconcile(body, svc, pods, resync) if svc.spec.cold_start.standby else None
 
         deployment = self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
         apply_errors = []
-        for child in render_children(svc, serving_replicas=0 if gate_closed else None):
+        token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
+        for child in render_children(svc, serving_replicas=0 if gate_closed else None, control_token=token):
             kind = child["kind"]
             # A Job's pod template is immutable and its name carries the key: create it once, never update.
             if kind == "Job" and (seed_job is not None or seeded):

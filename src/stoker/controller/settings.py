@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,6 +20,12 @@ class OperatorSettings(BaseSettings):
     max_log_bytes: int = Field(8 * 1024 * 1024, ge=4096, description="Bound on one pod log read.")
     startup_history: int = Field(20, ge=1, le=100, description="Startup samples kept in status.")
     workers: int = Field(16, ge=1, le=256, description="Threads running reconciles at once.")
+    control_key: SecretStr | None = Field(
+        None,
+        description="Key the standby control tokens are derived from; keep it across restarts (the chart"
+        " keeps it in a Secret). Unset: a random key per process, so standby pods started before a restart"
+        " fail their wake and are replaced.",
+    )
     standby_drain_seconds: float = Field(
         5.0, ge=0, description="A demoted pod leaves the Service this long before it is put to sleep."
     )

@@ -8,14 +8,11 @@ asked whether it is, and slept again if not.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
-
-import kopf
 
 from stoker.api import VLLMService
 from stoker.controller import metrics
@@ -23,19 +20,17 @@ from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.settings import OperatorSettings
 from stoker.render import PORT, short_cache_key
-from stoker.render.control import build_control_secret, new_control_token
+from stoker.render.control import control_token
 from stoker.render.engine import served_model_name
 from stoker.render.names import (
     ASLEEP_ANNOTATION,
     CACHE_KEY_LABEL,
-    CONTROL_TOKEN_KEY,
     DELETION_COST_ANNOTATION,
     ROLE_ACTIVE,
     ROLE_LABEL,
     ROLE_STANDBY,
     STANDBY_DELETION_COST,
     STANDBY_SINCE_ANNOTATION,
-    control_secret_name,
 )
 from stoker.standby import EngineControl, EngineControlError, ServingPod, plan_standby
 
@@ -95,16 +90,14 @@ class StandbyPool:
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         self.kube = kube
         self.settings = settings
+        if settings.control_key is not None:
+            self.key = settings.control_key.get_secret_value()
+        else:
+            self.key = secrets.token_urlsafe(32)
+            log.warning("STOKER_CONTROL_KEY is unset: standby pods started before a restart will be replaced")
 
-    def control_token(self, body: Manifest, svc: VLLMService) -> str:
-        """The service's control token; the Secret is created the first time and never rewritten."""
-        namespace = body["metadata"]["namespace"]
-        secret = self.kube.get("v1", "Secret", namespace, control_secret_name(svc.name))
-        if secret is None:
-            wanted = build_control_secret(svc, new_control_token())
-            kopf.append_owner_reference(wanted, owner=kopf.Body(cast(kopf.RawBody, body)))
-            secret = self.kube.apply(wanted)
-        return base64.b64decode(secret["data"][CONTROL_TOKEN_KEY]).decode()
+    def control_token(self, body: Manifest) -> str:
+        return control_token(self.key, str(body["metadata"]["uid"]))
 
     def reconcile(
         self, body: Manifest, svc: VLLMService, pods: list[Manifest], resync: bool
@@ -112,7 +105,7 @@ class StandbyPool:
         standby = svc.spec.cold_start.standby
         assert standby is not None
         namespace = body["metadata"]["namespace"]
-        token = self.control_token(body, svc)
+        token = self.control_token(body)
         views = [serving_pod(pod, short_cache_key(svc)) for pod in pods]
         plan = plan_standby(
             views, svc.spec.runtime.replicas, dt.datetime.now(dt.UTC), self.settings.standby_drain_seconds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stoker.api import VLLMService
+from stoker.render.control import build_control_secret
 from stoker.render.deployment import build_deployment
 from stoker.render.names import Json
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
@@ -15,10 +16,15 @@ def seed_wanted(svc: VLLMService) -> bool:
     return cold_start.seed.enabled and cold_start.compile_cache.enabled
 
 
-def render_children(svc: VLLMService, *, serving_replicas: int | None = None) -> list[Json]:
-    """PVCs, seed Job, Deployment, Service. `serving_replicas` overrides spec.runtime.replicas (the
-    controller passes 0 while a gated seed runs)."""
+def render_children(
+    svc: VLLMService, *, serving_replicas: int | None = None, control_token: str | None = None
+) -> list[Json]:
+    """Control Secret, PVCs, seed Job, Deployment, Service. `serving_replicas` overrides the Deployment's
+    replicas (the controller passes 0 while a gated seed runs); `control_token` is the operator's (see
+    render.control): without it, as in `stoker render`, a standby service's Secret is left out."""
     children: list[Json] = []
+    if svc.spec.cold_start.standby is not None and control_token is not None:
+        children.append(build_control_secret(svc, control_token))
     if svc.spec.cold_start.compile_cache.enabled:
         children.append(build_cache_pvc(svc))
     if svc.spec.cold_start.model_cache.enabled:

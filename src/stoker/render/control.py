@@ -1,20 +1,24 @@
 """The Secret holding a VLLMService's control token (standby replicas only).
 
 The engine pods read it as STOKER_CONTROL_TOKEN (see stoker.guard); the operator presents it to put pods
-to sleep and wake them. The controller creates it once and never rewrites it: running pods hold the
-token they started with.
+to sleep and wake them. The token is derived from the operator's key and the object's uid, so the operator
+never reads Secrets: it only writes this one. A new key rewrites the Secret; pods started with the old
+token then fail their wake and are replaced by pods that read the new one.
 """
 
 from __future__ import annotations
 
-import secrets
+import base64
+import hashlib
+import hmac
 
 from stoker.api import VLLMService
 from stoker.render.names import CONTROL_TOKEN_KEY, Json, common_labels, control_secret_name, object_meta
 
 
-def new_control_token() -> str:
-    return secrets.token_urlsafe(32)
+def control_token(key: str, uid: str) -> str:
+    digest = hmac.new(key.encode(), f"stoker-control/{uid}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def build_control_secret(svc: VLLMService, token: str) -> Json:
@@ -23,5 +27,6 @@ def build_control_secret(svc: VLLMService, token: str) -> Json:
         "kind": "Secret",
         "metadata": object_meta(svc, control_secret_name(svc.name), common_labels(svc.name, "control")),
         "type": "Opaque",
-        "stringData": {CONTROL_TOKEN_KEY: token},
+        # `data`, not `stringData`: server-side apply then owns exactly the field it writes.
+        "data": {CONTROL_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from stoker.guard import CONTROL_TOKEN_HEADER
 
@@ -40,14 +41,26 @@ class EngineControl:
         headers = {CONTROL_TOKEN_HEADER: self.token}
         if data is not None:
             headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
+            request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
             with urllib.request.urlopen(request, timeout=max(timeout, 0.001)) as response:
                 return bytes(response.read())
         except urllib.error.HTTPError as error:
             raise EngineControlError(f"{method} {path}: HTTP {error.code}") from error
         except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL
             raise EngineControlError(f"{method} {path}: {error}") from error
+
+    def _call_json(
+        self, method: str, path: str, timeout: float, body: object | None = None
+    ) -> dict[str, Any]:
+        answer = self._call(method, path, timeout, body)
+        try:
+            document = json.loads(answer)
+        except ValueError as error:
+            raise EngineControlError(f"{method} {path}: not JSON: {answer[:80]!r}") from error
+        if not isinstance(document, dict):
+            raise EngineControlError(f"{method} {path}: not a JSON object: {answer[:80]!r}")
+        return document
 
     def sleep(self, level: int, timeout: float) -> float:
         """Put the engine to sleep once running requests finished (`mode=wait`); returns seconds taken."""
@@ -56,7 +69,7 @@ class EngineControl:
         return time.monotonic() - started
 
     def is_sleeping(self, timeout: float) -> bool:
-        return bool(json.loads(self._call("GET", "/is_sleeping", timeout)).get("is_sleeping"))
+        return bool(self._call_json("GET", "/is_sleeping", timeout).get("is_sleeping"))
 
     def wake(self, model: str, timeout: float) -> WakeTiming:
         """Wake the engine and prove it serves: /wake_up, then /health, then one completion, all within
@@ -73,11 +86,8 @@ class EngineControl:
         woke = time.monotonic() - started
         self._call("GET", "/health", left())
         healthy = time.monotonic() - started
-        completion = json.loads(
-            self._call(
-                "POST", "/v1/completions", left(), {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1}
-            )
-        )
+        probe = {"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1}
+        completion = self._call_json("POST", "/v1/completions", left(), probe)
         if not completion.get("choices"):
             raise EngineControlError("POST /v1/completions: no choices in the answer")
         return WakeTiming(woke, healthy, time.monotonic() - started)

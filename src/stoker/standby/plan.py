@@ -66,11 +66,15 @@ def plan_standby(
         capable.sort(key=lambda pod: pod.current)
         demote = capable[:-shortage]
 
-    woken = {pod.name for pod in wake_candidates[: max(shortage, 0)]}
+    # Any candidate may be woken (the first ones can fail), so none is put to sleep in the same pass.
+    candidates = {pod.name for pod in wake_candidates}
     sleep: list[ServingPod] = []
     recheck_after: float | None = None
     for pod in standby:
-        if pod.asleep or pod.name in woken or not pod.sleep_capable:
+        if pod.asleep or not pod.sleep_capable:
+            continue
+        if pod.name in candidates:
+            recheck_after = drain_seconds if recheck_after is None else min(recheck_after, drain_seconds)
             continue
         waited = (now - (pod.standby_since or now)).total_seconds()
         if waited >= drain_seconds:
