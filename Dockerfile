@@ -37,6 +37,11 @@ ARG RUNAI_STREAMER_VERSION=0.16.1
 # The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`.
 RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \
     && python3 -c "import runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
+# stoker.guard, the middleware that keeps vLLM's sleep endpoints to the operator (standby replicas): the
+# stoker wheel alone, without its dependencies, as the guard needs only the standard library.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    python3 -m pip install --no-cache-dir --no-deps /dist/stoker-*.whl \
+    && python3 -c "import stoker.guard"
 # Most of a warm start is Python imports, twice (API server and engine process). The upstream image is
 # installed by uv, which writes no bytecode, so every new pod would compile it again. Unchecked-hash .pyc
 # files are never re-validated against their sources: the image's files do not change. compileall exits

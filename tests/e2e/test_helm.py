@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import Operator
+from tests.e2e.fleet import Fleet, settled, standby_service
 from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
@@ -112,7 +113,7 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"metrics": 8080, "liveness": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
-    env = {item["name"]: item["value"] for item in container["env"]}
+    env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["STOKER_METRICS_PORT"] == "8080" and env["STOKER_LIVENESS_PORT"] == "8081"
     assert env["STOKER_NAMESPACES"] == "[]"
 
@@ -140,7 +141,9 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     for rule in rules:  # status and finalizers have rules of their own
         if any("/" in resource for resource in rule["resources"]):
             assert len(rule["resources"]) == 1, rule
-    assert ("", "secrets") not in verbs and ("", "configmaps") not in verbs
+    # Standby control tokens are derived, never read back: Secrets are written, not read.
+    assert verbs[("", "secrets")] == {"create", "patch"}
+    assert ("", "configmaps") not in verbs
     assert not any("escalate" in v or "bind" in v or "impersonate" in v for v in verbs.values())
     workload_roles = of_kind(docs, "Role") if mode == "namespaced" else of_kind(docs, "ClusterRole")
     if mode == "namespaced":
@@ -156,7 +159,8 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
         ]
     (deployment,) = of_kind(docs, "Deployment")
     env = {
-        item["name"]: item["value"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        item["name"]: item.get("value")
+        for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert json.loads(env["STOKER_NAMESPACES"]) == (["ml", "research"] if mode == "namespaced" else [])
 
@@ -221,7 +225,7 @@ def released_objects(kubectl, namespace: str) -> list[str]:
         "-n",
         namespace,
         "get",
-        "deployments,serviceaccounts,services,roles,rolebindings",
+        "deployments,serviceaccounts,services,roles,rolebindings,secrets",
         "-l",
         selector,
         "-o",
@@ -268,6 +272,10 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
         kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
         svc = wait_ready(kubectl, namespace, example_name())
         assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+        # Standby replicas with the chart's rights: the control Secret written, pods relabelled and slept.
+        kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(standby_service("warm", 1)))
+        with Fleet(kubectl, namespace, "warm") as fleet:
+            wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
         metrics = chart_operator.metrics()
         assert 'stoker_reconcile_total{result="converged"}' in metrics
         assert 'stoker_reconcile_total{result="error"}' not in metrics
@@ -276,6 +284,8 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
     refusals = [line for line in log.splitlines() if "Forbidden" in line or " 403" in line]
     assert not refusals, "\n".join(refusals[:10])
 
+    key = get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")
+    assert key and len(key["data"]["key"]) >= 48
     helm(
         "upgrade",
         RELEASE,
@@ -291,9 +301,11 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
     )
     upgraded = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
     assert upgraded is not None
-    env = {e["name"]: e["value"] for e in upgraded["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in upgraded["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["STOKER_LOG_LEVEL"] == "DEBUG" and upgraded["spec"]["strategy"]["type"] == "Recreate"
     assert json.loads(helm("history", RELEASE, "-n", namespace, "-o", "json").stdout)[-1]["revision"] == 2
+    # An upgrade keeps the control key: standby pods stay wakeable.
+    assert get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")["data"] == key["data"]
 
     assert released_objects(kubectl, namespace)
     helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "120s")

@@ -157,9 +157,8 @@ def context_files() -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operator target's steps, replayed: a wheel built from the build context alone, then a clean
-    venv that installs it (and its dependencies) like the image does."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel target's step, replayed: a wheel built from the build context alone."""
     root = tmp_path_factory.mktemp("operator-image")
     context = root / "context"
     for path in context_files():
@@ -175,12 +174,18 @@ def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         timeout=300,
     )
-    venv = root / "opt-stoker"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     wheels = sorted(dist.glob("stoker-*.whl"))
     assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def operator_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator target: a clean venv that installs the wheel and its dependencies like the image does."""
+    venv = tmp_path_factory.mktemp("operator-venv") / "opt-stoker"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheels[0])],
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
         check=True,
         capture_output=True,
         timeout=600,
@@ -215,6 +220,28 @@ def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> No
         timeout=60,
     ).stdout
     assert str(operator_venv) in imported  # the wheel's copy, not the source tree
+
+
+def test_the_runtime_image_imports_the_guard_from_the_wheel_without_dependencies(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """The runtime target installs the wheel with --no-deps: vLLM must import stoker.guard from it alone."""
+    assert re.search(
+        r"pip install --no-cache-dir --no-deps /dist/stoker-\*\.whl", " ".join(parse()["runtime"].all("RUN"))
+    )
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    check = "import sys, stoker.guard; assert not {'pydantic', 'kopf', 'kubernetes'} & set(sys.modules)"
+    subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {check}"],
+        check=True,
+        timeout=60,
+    )
 
 
 def test_the_runtime_streamer_pin_exists_for_the_image_python(tmp_path: Path) -> None:
