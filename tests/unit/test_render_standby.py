@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 from typing import Any
 
 import pytest
@@ -22,20 +21,9 @@ from stoker.render import (
     serving_selector,
 )
 from stoker.render.control import build_control_secret, control_token
+from tests.unit.test_render import engine_container
+from tests.unit.test_render import service as base_service
 
-BASE: dict[str, Any] = {
-    "apiVersion": "stoker.dev/v1alpha1",
-    "kind": "VLLMService",
-    "metadata": {"name": "llama", "namespace": "ml"},
-    "spec": {
-        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-        "runtime": {
-            "replicas": 2,
-            "resources": {"memory": "64Gi"},
-            "env": [{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}}],
-        },
-    },
-}
 ROLE_LABEL = "stoker.dev/role"
 GUARD_ARGS = ["--middleware", "stoker.guard.ControlGuard"]
 TOKEN_REF = {"name": "llama-control", "key": "token"}
@@ -43,17 +31,11 @@ TOKEN_ENV = {"name": "STOKER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": TOKEN
 
 
 def service(standby: dict[str, Any] | None = None, **runtime: Any) -> VLLMService:
-    """BASE, with `standby` as spec.coldStart.standby when given and `runtime` merged into spec.runtime."""
-    raw = copy.deepcopy(BASE)
-    raw["spec"]["runtime"].update(runtime)
+    """test_render's BASE, `standby` as spec.coldStart.standby (if given), `runtime` in spec.runtime."""
+    changes = {f"runtime.{field}": value for field, value in runtime.items()}
     if standby is not None:
-        raw["spec"]["coldStart"] = {"standby": standby}
-    return VLLMService.model_validate(raw)
-
-
-def engine_container(pod_template: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod_template["spec"]["containers"] if c["name"] == "vllm"]
-    return container
+        changes["coldStart.standby"] = standby
+    return base_service(**changes)
 
 
 def seed_and_serving_containers(svc: VLLMService) -> list[dict[str, Any]]:
