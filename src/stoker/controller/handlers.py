@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from stoker.api import GROUP, PLURAL, VERSION
-from stoker.controller.reconcile import pod_is_ready
+from stoker.controller.objects import pod_is_ready
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import WorkQueue
 

@@ -7,7 +7,6 @@ which reads the object fresh from the API server, so no decision depends on what
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -25,6 +24,7 @@ from stoker.api import VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.kube import Kube, Manifest
+from stoker.controller.objects import main_container_status, parse_time, pod_is_ready
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyOutcome, StandbyPool
 from stoker.controller.workqueue import ObjectKey
@@ -66,17 +66,6 @@ def job_outcome(job: Manifest | None) -> str | None:
         if condition.get("status") == "True" and condition.get("type") in ("Failed", "FailureTarget"):
             return "failed"
     return "running"
-
-
-def pod_is_ready(pod: Manifest) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def main_container_status(pod: Manifest) -> Manifest | None:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    name = pod["spec"]["containers"][0]["name"]
-    return next((s for s in statuses if s.get("name") == name), None)
 
 
 class Reconciler:
@@ -359,7 +348,7 @@ class Reconciler:
             lines = self.kube.pod_log_lines(
                 namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
             )
-            timeline = parse_log(lines, process_start=_parse_time(started_at))
+            timeline = parse_log(lines, process_start=parse_time(started_at))
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
             log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
@@ -409,7 +398,3 @@ def _sample_summary(record: Manifest) -> Manifest:
         "totalSeconds": record["totalSeconds"],
         "compileCache": record["compileCache"],
     }
-
-
-def _parse_time(value: str | None) -> dt.datetime | None:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None

@@ -18,6 +18,7 @@ from stoker.api import VLLMService
 from stoker.controller import metrics
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
+from stoker.controller.objects import parse_time, pod_is_ready
 from stoker.controller.settings import OperatorSettings
 from stoker.render import PORT, short_cache_key
 from stoker.render.control import control_token
@@ -63,23 +64,16 @@ class StandbyOutcome:
         return {"pods": pods, **({"lastWake": self.last_wake} if self.last_wake else {})}
 
 
-def _time(value: str | None) -> dt.datetime | None:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-
-
 def serving_pod(pod: Manifest, short_key: str) -> ServingPod:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-    ready = not meta.get("deletionTimestamp") and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
     return ServingPod(
         name=meta["name"],
-        created=_time(meta.get("creationTimestamp")) or dt.datetime.now(dt.UTC),
-        ready=ready,
+        created=parse_time(meta.get("creationTimestamp")) or dt.datetime.now(dt.UTC),
+        ready=pod_is_ready(pod) and not meta.get("deletionTimestamp"),
         role=labels.get(ROLE_LABEL),
         asleep=ASLEEP_ANNOTATION in annotations,
-        standby_since=_time(annotations.get(STANDBY_SINCE_ANNOTATION)),
+        standby_since=parse_time(annotations.get(STANDBY_SINCE_ANNOTATION)),
         current=labels.get(CACHE_KEY_LABEL) == short_key,
         sleep_capable=SLEEP_MODE_FLAG in (pod["spec"]["containers"][0].get("args") or []),
         address=status.get("podIP"),

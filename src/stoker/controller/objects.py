@@ -1,0 +1,24 @@
+"""Reading Kubernetes objects as the API server returns them (plain dicts): pure helpers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+Manifest = dict[str, Any]
+
+
+def pod_is_ready(pod: Manifest) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def main_container_status(pod: Manifest) -> Manifest | None:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    name = pod["spec"]["containers"][0]["name"]
+    return next((s for s in statuses if s.get("name") == name), None)
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    """An RFC 3339 timestamp as Kubernetes writes it (`2026-11-22T07:40:16Z`)."""
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
