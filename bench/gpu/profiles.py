@@ -17,6 +17,7 @@ from typing import Any
 from stoker.api import VLLMService
 from stoker.render import Role, engine_invocation
 from stoker.render import seed_invocation as render_seed_invocation
+from stoker.render.engine import served_model_name
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
@@ -133,7 +134,7 @@ def serve_invocation(svc: VLLMService, profile: str) -> Invocation:
 def stock_invocation(svc: VLLMService) -> Invocation:
     """Plain `vllm serve MODEL` with the user's own settings; the model path is the one stoker serves."""
     rendered = engine_invocation(svc, "serve")
-    served = svc.spec.model.served_model_name or svc.spec.model.name
+    served = served_model_name(svc)
     args = [rendered.args[0], "--served-model-name", served]
     runtime = svc.spec.runtime
     if runtime.effective_tensor_parallel_size > 1:

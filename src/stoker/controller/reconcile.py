@@ -35,6 +35,7 @@ from stoker.render import (
     COMPONENT_SEED,
     INSTANCE_LABEL,
     cache_key,
+    pod_count,
     render_children,
     seed_job_name,
     seed_wanted,
@@ -133,11 +134,11 @@ class Reconciler:
 
         pods = self.kube.list_objects("v1", "Pod", meta["namespace"], server_selector(svc.name))
         # Before the children: a scale-up wakes a standby before the Deployment starts its replacement.
-        standby = self.standby.reconcile(body, svc, pods, resync) if svc.spec.cold_start.standby else None
+        token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
+        standby = self.standby.reconcile(body, svc, pods, token, resync) if token is not None else None
 
         deployment = self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
         apply_errors = []
-        token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
         for child in render_children(svc, serving_replicas=0 if gate_closed else None, control_token=token):
             kind = child["kind"]
             # A Job's pod template is immutable and its name carries the key: create it once, never update.
@@ -175,7 +176,7 @@ class Reconciler:
         cache_missed = seeded and last.get("cacheKey") == short_key and last.get("compileCache") == "miss"
 
         desired = svc.spec.runtime.replicas
-        total = desired + (svc.spec.cold_start.standby.replicas if svc.spec.cold_start.standby else 0)
+        total = pod_count(svc)
         dep_status = (deployment or {}).get("status") or {}
         ready_replicas = int(dep_status.get("readyReplicas") or 0)
         updated = deployment is not None and (

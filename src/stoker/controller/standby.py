@@ -22,7 +22,7 @@ from stoker.controller.objects import parse_time, pod_is_ready
 from stoker.controller.settings import OperatorSettings
 from stoker.render import PORT, short_cache_key
 from stoker.render.control import control_token
-from stoker.render.engine import served_model_name
+from stoker.render.engine import SLEEP_MODE_FLAG, served_model_name
 from stoker.render.names import (
     ASLEEP_ANNOTATION,
     CACHE_KEY_LABEL,
@@ -37,7 +37,6 @@ from stoker.standby import EngineControl, EngineControlError, ServingPod, plan_s
 
 log = logging.getLogger(__name__)
 
-SLEEP_MODE_FLAG = "--enable-sleep-mode"
 IS_SLEEPING_TIMEOUT_SECONDS = 5.0
 
 
@@ -94,12 +93,11 @@ class StandbyPool:
         return control_token(self.key, str(body["metadata"]["uid"]))
 
     def reconcile(
-        self, body: Manifest, svc: VLLMService, pods: list[Manifest], resync: bool
+        self, body: Manifest, svc: VLLMService, pods: list[Manifest], token: str, resync: bool
     ) -> StandbyOutcome:
         standby = svc.spec.cold_start.standby
         assert standby is not None
         namespace = body["metadata"]["namespace"]
-        token = self.control_token(body)
         views = [serving_pod(pod, short_cache_key(svc)) for pod in pods]
         plan = plan_standby(
             views, svc.spec.runtime.replicas, dt.datetime.now(dt.UTC), self.settings.standby_drain_seconds

@@ -2,7 +2,7 @@
 
 from stoker.render.cachekey import cache_key, cache_key_factors, short_cache_key
 from stoker.render.children import render_children, seed_wanted
-from stoker.render.deployment import build_deployment
+from stoker.render.deployment import build_deployment, pod_count
 from stoker.render.engine import (
     CACHE_MOUNT_PATH,
     KEY_IGNORED_FLAGS,
@@ -61,6 +61,7 @@ __all__ = [
     "key_relevant_args",
     "model_pvc_name",
     "model_string",
+    "pod_count",
     "render_children",
     "seed_invocation",
     "seed_job_name",

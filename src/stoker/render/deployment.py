@@ -22,25 +22,28 @@ from stoker.render.pods import pod_spec
 PROGRESS_DEADLINE_SECONDS = 3600
 
 
+def pod_count(svc: VLLMService) -> int:
+    """Serving pods the spec asks for: the active replicas plus the standby ones."""
+    standby = svc.spec.cold_start.standby
+    return svc.spec.runtime.replicas + (standby.replicas if standby is not None else 0)
+
+
 def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
     """`replicas` defaults to the active plus the standby replicas the spec asks for."""
     key = cache_key(svc)
     labels = common_labels(svc.name, COMPONENT_SERVER, key[:SHORT_KEY_LENGTH])
     annotations = {CACHE_KEY_ANNOTATION: key}
     pod_labels = dict(labels)
-    standby = svc.spec.cold_start.standby
-    if standby is not None:
+    if svc.spec.cold_start.standby is not None:
         # Every pod starts active, so it serves even if the operator is down; the operator puts the
         # surplus to sleep. The label is not in the selector: relabelling keeps a pod in its ReplicaSet.
         pod_labels[ROLE_LABEL] = ROLE_ACTIVE
-    if replicas is None:
-        replicas = svc.spec.runtime.replicas + (standby.replicas if standby is not None else 0)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": object_meta(svc, deployment_name(svc.name), labels, annotations),
         "spec": {
-            "replicas": replicas,
+            "replicas": pod_count(svc) if replicas is None else replicas,
             "selector": {"matchLabels": server_selector_labels(svc.name)},
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {

@@ -39,6 +39,7 @@ KEY_IGNORED_FLAGS = frozenset(
 # With standby replicas: vLLM's sleep endpoints exist only in dev mode, on the serving port, so this
 # middleware (shipped in stoker's runtime image) answers them only to a caller holding the control token.
 CONTROL_GUARD = "stoker.guard.ControlGuard"
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
     args += _cuda_graph_args(svc)
     if spec.cold_start.standby is not None:
         # The same for the seed: --enable-sleep-mode is part of the compile-cache key.
-        args += ["--enable-sleep-mode", "--middleware", CONTROL_GUARD]
+        args += [SLEEP_MODE_FLAG, "--middleware", CONTROL_GUARD]
     args += runtime.extra_args
     return EngineInvocation(
         image=runtime.image,

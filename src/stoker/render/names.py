@@ -70,9 +70,13 @@ def server_selector_labels(name: str) -> dict[str, str]:
     return {INSTANCE_LABEL: name, COMPONENT_LABEL: COMPONENT_SERVER}
 
 
+def label_selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in labels.items())
+
+
 def server_selector(name: str) -> str:
     """Every serving pod, active or standby: what the Deployment owns."""
-    return ",".join(f"{key}={value}" for key, value in server_selector_labels(name).items())
+    return label_selector(server_selector_labels(name))
 
 
 def serving_selector_labels(svc: VLLMService) -> dict[str, str]:
@@ -85,7 +89,7 @@ def serving_selector_labels(svc: VLLMService) -> dict[str, str]:
 
 def serving_selector(svc: VLLMService) -> str:
     """status.selector (the scale subresource's labelSelectorPath): an HPA measures serving pods only."""
-    return ",".join(f"{key}={value}" for key, value in serving_selector_labels(svc).items())
+    return label_selector(serving_selector_labels(svc))
 
 
 def object_meta(
