@@ -213,6 +213,11 @@ def test_every_spelling_vllm_maps_to_an_owned_value_is_refused(version: str, tmp
             if accepted(extra, standby):
                 slipped.append((extra, sorted(changed), standby))
     assert not slipped, f"vLLM {version} reads these as owned flags, stoker accepts them: {slipped}"
+    refused_by_vllm = sum(namespace is None for namespace in parsed)
+    print(
+        f"vLLM {version}: {len(cases)} argument lists, {refused_by_vllm} refused by vLLM,"
+        f" {len(owned_hits)} spellings reach a value stoker owns, all refused by stoker"
+    )
     # The spellings from the issue are real: vLLM maps them to owned values, and they are refused above.
     for spelling in (["--por=9001"], ["--load-form=safetensors"], ["--served-model=other"], ["128"]):
         assert tuple(spelling) in owned_hits, f"{spelling} did not reach an owned value in vLLM {version}"

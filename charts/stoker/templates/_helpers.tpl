@@ -93,3 +93,31 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
   resources: ["events"]
   verbs: ["list", "create"]
 {{- end -}}
+
+{{/*
+Where the metrics endpoint listens (it has no authentication): metrics.bindAddress if set; otherwise the
+pod IP when a Service or ServiceMonitor makes Prometheus scrape it there, and loopback when nothing does.
+*/}}
+{{- define "stoker.metricsBindAddress" -}}
+{{- if .Values.metrics.bindAddress -}}
+{{- .Values.metrics.bindAddress -}}
+{{- else if or .Values.metrics.service.enabled .Values.serviceMonitor.enabled -}}
+podIP
+{{- else -}}
+127.0.0.1
+{{- end -}}
+{{- end }}
+
+{{/*
+One STOKER_*_BIND_ADDRESS variable: "podIP" becomes the pod's IP from the downward API.
+*/}}
+{{- define "stoker.bindAddressEnv" -}}
+- name: {{ .name }}
+{{- if eq .address "podIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- else }}
+  value: {{ .address | quote }}
+{{- end }}
+{{- end }}
