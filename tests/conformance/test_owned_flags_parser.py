@@ -19,7 +19,7 @@ from PyPI beside it, 0.33.0 `orjson`):
     pip install --no-deps --target ~/.cache/stoker/vllm/src/0.22.1-deps gguf
 
 (the dist-info is left out so that vLLM's platform check reads the CPU environment's `+cpu` version).
-Without any environment the test is skipped with that reason; `make conformance` sets
+Without any environment the test is skipped with that reason; `make conformance-flags` sets
 STOKER_REQUIRE_CONFORMANCE=1, which turns the skip into a failure.
 """
 
