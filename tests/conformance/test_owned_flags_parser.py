@@ -9,9 +9,9 @@ a set of ordinary user flags must pass both.
 
 Where it runs: wherever a real vLLM CPU environment exists under ~/.cache/stoker/vllm (hack/vllm-venv on the
 `conformance` branch builds ~/.cache/stoker/vllm/<version>). A version without its own environment is
-parsed by another version's interpreter (for torch, transformers, ...) with that version's pure-Python
-source first on PYTHONPATH; only the parser is built, nothing runs. To prepare one (0.22.1 needs `gguf`
-from PyPI beside it, 0.33.0 `orjson`):
+parsed by the newest complete environment's interpreter (for torch, transformers, ...) with that
+version's pure-Python source first on PYTHONPATH; only the parser is built, nothing runs. To prepare one
+(0.22.1 needs `gguf` from PyPI beside it, 0.33.0 `orjson`):
 
     pip download --no-deps vllm==0.22.1 -d /tmp/w
     unzip -q /tmp/w/vllm-0.22.1-*.whl -x '*.so' 'vllm/third_party/*' 'vllm-*.dist-info/*' \\
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,10 @@ def vllm_environment(version: str) -> tuple[Path, dict[str, str]] | None:
     if (own / ".complete").exists():
         return own / "bin" / "python", {}
     source = VLLM_CACHE / "src" / version
-    complete = sorted(VLLM_CACHE.glob("*/.complete"))
-    if (source / "vllm").is_dir() and complete:
-        return complete[-1].parent / "bin" / "python", {"PYTHONPATH": f"{source}:{source}-deps"}
+    full = [m.parent for m in VLLM_CACHE.glob("*/.complete") if re.fullmatch(r"[0-9.]+", m.parent.name)]
+    if (source / "vllm").is_dir() and full:
+        newest = max(full, key=lambda venv: tuple(int(part) for part in venv.name.split(".")))
+        return newest / "bin" / "python", {"PYTHONPATH": f"{source}:{source}-deps"}
     return None
 
 
@@ -180,12 +182,11 @@ def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str]
         input=json.dumps(request),
         capture_output=True,
         text=True,
-        check=True,
         timeout=900,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **extra_env},
     )
     lines = result.stdout.splitlines()
-    assert len(lines) == len(argvs), result.stderr[-4000:]
+    assert result.returncode == 0 and len(lines) == len(argvs), f"{python}: {result.stderr[-4000:]}"
     return [json.loads(line) for line in lines]
 
 
