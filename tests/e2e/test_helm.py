@@ -138,11 +138,7 @@ def bind_addresses(helm: Helm, *values: str) -> dict[str, Any]:
         ([], "status.podIP", "status.podIP"),
         # Nothing scrapes: metrics stay on loopback (kubectl port-forward still reaches them).
         (["--set", "metrics.service.enabled=false"], "127.0.0.1", "status.podIP"),
-        (
-            ["--set", "metrics.service.enabled=false", "--set", "serviceMonitor.enabled=true"],
-            "status.podIP",
-            "status.podIP",
-        ),
+        (["--set", "serviceMonitor.enabled=true"], "status.podIP", "status.podIP"),
         (["--set", "metrics.bindAddress=0.0.0.0", "--set", "liveness.bindAddress=::"], "0.0.0.0", "::"),
         (["--set", "metrics.bindAddress=127.0.0.1"], "127.0.0.1", "status.podIP"),
     ],

@@ -96,12 +96,12 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 
 {{/*
 Where the metrics endpoint listens (it has no authentication): metrics.bindAddress if set; otherwise the
-pod IP when a Service or ServiceMonitor makes Prometheus scrape it there, and loopback when nothing does.
+pod IP when the metrics Service (which a ServiceMonitor needs) sends scrapes there, else loopback.
 */}}
 {{- define "stoker.metricsBindAddress" -}}
 {{- if .Values.metrics.bindAddress -}}
 {{- .Values.metrics.bindAddress -}}
-{{- else if or .Values.metrics.service.enabled .Values.serviceMonitor.enabled -}}
+{{- else if .Values.metrics.service.enabled -}}
 podIP
 {{- else -}}
 127.0.0.1
