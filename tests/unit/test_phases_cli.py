@@ -15,14 +15,15 @@ DATA = Path(__file__).parent / "data" / "phases"
 def test_json_document(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--json", str(DATA / "vllm-0.22.1-h100" / "seeded-serving.log")]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert set(document) == {"phases", "totalSeconds", "compileCache"}
+    assert set(document) == {"phases", "totalSeconds", "compileCache", "engineVersion"}
+    assert document["engineVersion"] == "0.22.1"
     assert list(document["phases"]) == [
         "bootstrap",
         "modelInfo",
         "engineStart",
         "weightLoad",
         "dynamo",
-        "compile",
+        "compileLoad",
         "profiling",
         "graphCapture",
         "apiReady",

@@ -318,7 +318,7 @@ class RuntimeSpec(_Model):
     @model_validator(mode="after")
     def _supported_engine(self) -> RuntimeSpec:
         try:
-            self.resolved_engine_version
+            resolve_engine_version(self.engine_version, self.image)
         except UnsupportedEngineVersion as error:
             raise ValueError(str(error)) from None
         return self

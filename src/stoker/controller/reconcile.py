@@ -198,7 +198,7 @@ class Reconciler:
                 gate_closed or not rolled_out,
                 "WaitingForSeed" if gate_closed else ("RollingOut" if not rolled_out else "Converged"),
             ),
-            self._degraded(apply_errors, cache_missed, seed_outcome),
+            self._degraded(apply_errors, cache_missed, _miss_detail(last), seed_outcome),
         ]
         if seed_outcome == "failed" and self._condition_reason(status, "CacheSeeded") != "SeedFailed":
             self.kube.post_event(
@@ -208,7 +208,7 @@ class Reconciler:
             self.kube.post_event(
                 body,
                 "CompileCacheMiss",
-                f"Pod {last.get('pod')} compiled despite a seeded cache",
+                f"Pod {last.get('pod')} compiled despite a seeded cache{_miss_detail(last)}",
                 warning=True,
             )
         new_status = {
@@ -244,12 +244,17 @@ class Reconciler:
         return Condition("CacheSeeded", False, "Seeding", f"Seed job for key {short_key} is running")
 
     @staticmethod
-    def _degraded(apply_errors: list[str], cache_missed: bool, seed_outcome: str | None) -> Condition:
+    def _degraded(
+        apply_errors: list[str], cache_missed: bool, miss_detail: str, seed_outcome: str | None
+    ) -> Condition:
         if apply_errors:
             return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
         if cache_missed:
             return Condition(
-                "Degraded", True, "CompileCacheMiss", "A replica compiled despite a seeded cache"
+                "Degraded",
+                True,
+                "CompileCacheMiss",
+                f"A replica compiled despite a seeded cache{miss_detail}",
             )
         if seed_outcome == "failed":
             return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
@@ -364,6 +369,8 @@ class Reconciler:
             "pod": pod_name,
             "totalSeconds": round(timeline.total_seconds or 0.0, 2),
             "compileCache": timeline.compile_cache,
+            "compileCacheReason": timeline.compile_cache_reason,
+            "engineVersion": timeline.engine_version,
             "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
             "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
             "finishedAt": now_rfc3339(),
@@ -391,6 +398,13 @@ def _standby_status(standby: StandbyOutcome, status: Manifest) -> Manifest:
     if "lastWake" not in document and previous_wake:
         document["lastWake"] = previous_wake
     return document
+
+
+def _miss_detail(record: Manifest) -> str:
+    """Why a start missed the compile cache, when its log said."""
+    if record.get("compileCacheReason") == "loadFailed":
+        return " (loadFailed: the kept cache was there but failed to load)"
+    return ""
 
 
 def _sample_summary(record: Manifest) -> Manifest:

@@ -102,8 +102,8 @@ class EngineProfile:
     key_ignored_flags: frozenset[str]
     # envs.py `compile_factors()` ignore list: every other registered VLLM_* variable enters the key.
     key_ignored_env: frozenset[str]
-    # Variables the engine needs pointed at the cache volume: name -> directory under the volume.
-    cache_env: Mapping[str, str]
+    # Variables the engine needs pointed at the cache volume: (name, directory under the volume).
+    cache_env: tuple[tuple[str, str], ...]
     capabilities: Capabilities
     # Log wordings this range prints, and the phases they end, in the order the engine runs them.
     log_markers: tuple[tuple[Marker, str], ...]
@@ -234,7 +234,7 @@ V0_22 = EngineProfile(
     # --kv-cache-memory-bytes is hashed: config/cache.py compute_hash does not ignore it.
     key_ignored_flags=_KEY_IGNORED_FLAGS_0_22,
     key_ignored_env=_IGNORED_ENV_0_22,
-    cache_env={},
+    cache_env=(),
     capabilities=Capabilities(
         sleep_levels=frozenset({1, 2}),
         startup_plan=False,
@@ -289,7 +289,7 @@ V0_29 = replace(
     phase_ends=_PHASES_LOGGED_WARMUP,
 )
 
-# 0.30.0: the weight daemon (`--load-format ipc_cache`), the KV line names its device (kv_cache_utils.py:2396).
+# 0.30.0: the weight daemon (`--load-format ipc_cache`); the KV line names its device (kv_cache_utils.py:2396)
 V0_30 = replace(
     V0_29,
     first=(0, 30),
@@ -331,7 +331,7 @@ V0_33 = replace(
     key_ignored_env=V0_32.key_ignored_env
     | {"VLLM_CHAT_TEMPLATE_FUEL", "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES"}
     | {"VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB", "VLLM_RAY_BUNDLE_INDICES", "VLLM_REQUEST_BODY_LOG_LEVEL"},
-    cache_env={"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "flashinfer-autotune"},
+    cache_env=(("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer-autotune"),),
     capabilities=replace(V0_32.capabilities, mega_aot_artifact=True),
 )
 

@@ -1,4 +1,4 @@
-"""stoker's compile-cache key: a stable hash of what the engine release hashes into its torch.compile cache key.
+"""stoker's compile-cache key: a stable hash of what the engine hashes into its torch.compile cache key.
 
 vLLM's key (backend dir `torch_compile_cache/<H10>`, AOT dir `torch_aot_compile/<H64>`) covers:
 - every registered `VLLM_*` environment value except the release's ignore list (cache root, host/port,

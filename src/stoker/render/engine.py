@@ -83,7 +83,7 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # back to spawn by itself where CUDA is already initialised. Ignored by the key; runtime.env wins.
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
     }
-    for name, directory in profile.cache_env.items():
+    for name, directory in profile.cache_env:
         env[name] = f"{CACHE_MOUNT_PATH}/{directory}"
     if svc.spec.cold_start.standby is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # ignored by the key
