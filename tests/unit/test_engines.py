@@ -1,5 +1,6 @@
 """Engine profiles: version resolution, per-version rendering, extra-config schemas and cache-key factors."""
 
+import itertools
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ def test_every_supported_release_has_exactly_one_profile(version: str, profile: 
 
 
 def test_profiles_are_ordered_and_contiguous() -> None:
-    for older, newer in zip(SUPPORTED, SUPPORTED[1:], strict=False):
+    for older, newer in itertools.pairwise(SUPPORTED):
         assert newer.first == (older.last[0], older.last[1] + 1)
     assert profile_for(DEFAULT_ENGINE_VERSION) in SUPPORTED
 

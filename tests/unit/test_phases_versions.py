@@ -1,4 +1,4 @@
-"""The parser on logs of releases after 0.22: synthetic fixtures written from each release's format strings."""
+"""The parser on logs of releases after 0.22: synthetic fixtures written from the releases' format strings."""
 
 from pathlib import Path
 
