@@ -26,8 +26,11 @@ def service(**runtime: Any) -> VLLMService:
 
 @pytest.mark.parametrize(
     ("version", "profile"),
-    [("0.22.1", "0.22-0.23"), ("0.23.0", "0.22-0.23"), ("0.25.1", "0.24-0.25"), ("0.26.0", "0.26-0.28")]
-    + [
+    [
+        ("0.22.1", "0.22-0.23"),
+        ("0.23.0", "0.22-0.23"),
+        ("0.25.1", "0.24-0.25"),
+        ("0.26.0", "0.26-0.28"),
         ("0.28.0", "0.26-0.28"),
         ("0.29.0", "0.29"),
         ("0.30.0", "0.30"),
@@ -112,11 +115,11 @@ def test_engine_version_must_be_a_plain_release() -> None:
             "0.26.0",
         ),
         (
-            "(APIServer pid=1) INFO 11-23 10:00:00 [startup.py:18] vLLM server version 0.33.0, serving model m",
+            "INFO 11-23 10:00:00 [startup.py:18] vLLM server version 0.33.0, serving model m",
             "0.33.0",
         ),
         (
-            "(EngineCore pid=2) INFO 11-22 [core.py:113] Initializing a V1 LLM engine (v0.25.1+cpu) with config",
+            "INFO 11-22 [core.py:113] Initializing a V1 LLM engine (v0.25.1+cpu) with config",
             "0.25.1",
         ),
         ('{"message": "vLLM server version 0.32.0, serving model m"}', "0.32.0"),
