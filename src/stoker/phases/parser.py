@@ -87,7 +87,7 @@ class StartupLogParser:
 
     def __init__(self, process_start: datetime | None = None, engine_version: str | None = None) -> None:
         self._engine_version = engine_version
-        self._profile = _profile_or_tolerant(engine_version)
+        self._use_profile(_profile_or_tolerant(engine_version))
         self._version_seen = False
         self._anchor: float | None = None
         self._year = _ANY_LEAP_YEAR
@@ -132,7 +132,7 @@ class StartupLogParser:
         if time is not None:
             self._advance(time)
         if header is not None:
-            found = marker_pattern(self._profile).match(message)
+            found = self._markers.match(message)
             if found is not None and found.lastgroup is not None and self._last_time is not None:
                 self._mark(Marker(found.lastgroup), self._last_time)
         self._follow_traceback(line, message)
@@ -188,7 +188,11 @@ class StartupLogParser:
         # What the process says it is wins over what the caller expected it to be.
         self._version_seen = True
         self._engine_version = version
-        self._profile = _profile_or_tolerant(version)
+        self._use_profile(_profile_or_tolerant(version))
+
+    def _use_profile(self, profile: EngineProfile) -> None:
+        self._profile = profile
+        self._markers = marker_pattern(profile)
 
     def _prefix_time(self, line: str) -> tuple[float | None, str]:
         if self._clock is None or self._clock is _Clock.KUBELET:
