@@ -42,6 +42,11 @@ COMMON: tuple[tuple[Marker, str], ...] = (
     (Marker.LOADED, r"Model loading took "),
     (Marker.GRAPHS, r"Graph capturing finished "),  # gpu_model_runner.py:6457
     (Marker.SERVER, r"Starting vLLM server on "),  # entrypoints/openai/api_server.py:596
+    # The CPU runner prints no load, Dynamo or compile totals: it announces a warm-up, which compiles,
+    # right after loading weights, and its end (v1/worker/cpu_model_runner.py:121, :125; from 0.23
+    # v1/worker/cpu/model_runner.py:13, :16).
+    (Marker.LOADED, r"Warming up model for the compilation"),
+    (Marker.COMPILED, r"Warming up done\."),
 )
 
 # Untagged compile lines, 0.22.1 to 0.31.x.
