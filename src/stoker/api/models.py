@@ -541,7 +541,7 @@ class StartupRecord(_StatusModel):
         description="Why a miss: loadFailed means a kept compile cache was there but could not be loaded.",
     )
     engine_version: str | None = Field(
-        default=None, max_length=64, description="vLLM version the log announced (else the spec's)."
+        default=None, max_length=64, description="vLLM version the log announced, else the spec's."
     )
     phases: dict[str, float] = Field(default_factory=dict)
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")

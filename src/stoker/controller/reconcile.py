@@ -168,7 +168,9 @@ class Reconciler:
         if resync or cache.get("key") != key:
             self._remove_superseded_seeds(svc, short_key)
 
-        startup = self._collect_startup(body, pods, status.get("startup") or {}, seed_job)
+        startup = self._collect_startup(
+            body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
+        )
         last = startup.get("last") or {}
         cache["key"] = key
         if last:
@@ -302,7 +304,12 @@ class Reconciler:
     # ------------------------------------------------------------------ startup timings
 
     def _collect_startup(
-        self, body: Manifest, pods: list[Manifest], previous: Manifest, seed_job: Manifest | None
+        self,
+        body: Manifest,
+        pods: list[Manifest],
+        previous: Manifest,
+        seed_job: Manifest | None,
+        engine_version: str,
     ) -> Manifest:
         """Parse each new Ready serving container, and the seed pod once its Job finished."""
         startup = copy.deepcopy(previous)
@@ -316,7 +323,7 @@ class Reconciler:
             sample_id = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
             if sample_id in seen:
                 continue
-            record = self._startup_record(body, pod, container, "serve")
+            record = self._startup_record(body, pod, container, "serve", engine_version)
             if record is None:
                 continue
             startup["last"] = record
@@ -336,13 +343,13 @@ class Reconciler:
             pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
             if pods and (startup.get("seed") or {}).get("pod") != pods[-1]["metadata"]["name"]:
                 container = main_container_status(pods[-1])
-                record = self._startup_record(body, pods[-1], container or {}, "seed")
+                record = self._startup_record(body, pods[-1], container or {}, "seed", engine_version)
                 if record is not None:
                     startup["seed"] = record
         return startup
 
     def _startup_record(
-        self, body: Manifest, pod: Manifest, container: Manifest, role: str
+        self, body: Manifest, pod: Manifest, container: Manifest, role: str, engine_version: str
     ) -> Manifest | None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
@@ -354,7 +361,8 @@ class Reconciler:
             lines = self.kube.pod_log_lines(
                 namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
             )
-            timeline = parse_log(lines, process_start=parse_time(started_at))
+            # The spec's version until the log announces the one that really runs.
+            timeline = parse_log(lines, process_start=parse_time(started_at), engine_version=engine_version)
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
             log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
