@@ -269,8 +269,11 @@ V0_26 = replace(
     first=(0, 26),
     last=(0, 28),
     key_ignored_flags=V0_24.key_ignored_flags | {"--kv-cache-memory-bytes"},
-    key_ignored_env=(V0_24.key_ignored_env | {"VLLM_MAX_IMAGE_PIXELS", "VLLM_ENABLE_STARTUP_PLAN"})
-    | {"VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"},
+    key_ignored_env=(
+        V0_24.key_ignored_env
+        | {"VLLM_MAX_IMAGE_PIXELS", "VLLM_ENABLE_STARTUP_PLAN", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"}
+    )
+    - {"VLLM_CI_USE_S3"},
     capabilities=replace(V0_24.capabilities, startup_plan=True, jit_warmup="silent"),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU, *JIT_MONITOR),
     phase_ends=_PHASES_SILENT_WARMUP,
