@@ -1,11 +1,11 @@
 # syntax=docker/dockerfile:1.7
 # Two images from one file:
 #   docker build --target operator -t ghcr.io/stoker-dev/stoker:0.1.0 .
-#   docker build --target runtime  -t ghcr.io/stoker-dev/stoker-vllm:0.22.1 .
+#   docker build --target runtime  -t ghcr.io/stoker-dev/stoker-vllm:0.26.0 .
 # Every base image and package is pinned: tests/unit/test_dockerfile.py rejects floating tags.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.22.1
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.26.0
 
 # ------------------------------------------------------------------------------------------ wheel
 FROM ${PYTHON_IMAGE} AS wheel
@@ -32,7 +32,7 @@ CMD ["run"]
 
 # ---------------------------------------------------------------------------------------- runtime
 FROM ${VLLM_IMAGE} AS runtime
-ARG VLLM_VERSION=0.22.1
+ARG VLLM_VERSION=0.26.0
 ARG RUNAI_STREAMER_VERSION=0.16.1
 # The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`.
 RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \

@@ -94,7 +94,7 @@ def test_defaults() -> None:
     assert node_at("spec.coldStart.cudaGraphs")["default"] == {"captureSizes": [1, 2, 4, 8, 16, 32, 64]}
     assert node_at("spec.model.source")["default"] == {"huggingFace": {}}
     assert node_at("spec.runtime")["default"] == {}
-    assert node_at("spec.runtime.image")["default"] == "ghcr.io/stoker-dev/stoker-vllm:0.22.1"
+    assert node_at("spec.runtime.image")["default"] == "ghcr.io/stoker-dev/stoker-vllm:0.26.0"
     assert node_at("spec.runtime.replicas")["default"] == 1
     assert node_at("spec.runtime.gpus")["default"] == 1
     assert node_at("spec.coldStart.loader.format")["default"] == "runai_streamer"

@@ -15,14 +15,15 @@ DATA = Path(__file__).parent / "data" / "phases"
 def test_json_document(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--json", str(DATA / "vllm-0.22.1-h100" / "seeded-serving.log")]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert set(document) == {"phases", "totalSeconds", "compileCache"}
+    assert set(document) == {"phases", "totalSeconds", "compileCache", "engineVersion"}
+    assert document["engineVersion"] == "0.22.1"
     assert list(document["phases"]) == [
         "bootstrap",
         "modelInfo",
         "engineStart",
         "weightLoad",
         "dynamo",
-        "compile",
+        "compileLoad",
         "profiling",
         "graphCapture",
         "apiReady",
@@ -35,7 +36,7 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(DATA / "enforce-eager-kubelet.log")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["phase", "seconds"]
-    assert [line.split()[0] for line in lines[1:-2]] == [
+    assert [line.split()[0] for line in lines[1:-3]] == [
         "bootstrap",
         "modelInfo",
         "engineStart",
@@ -43,7 +44,8 @@ def test_table(capsys: pytest.CaptureFixture[str]) -> None:
         "profiling",
         "apiReady",
     ]
-    assert lines[-2].split() == ["total", "30.65"]
+    assert lines[-3].split() == ["total", "30.65"]
+    assert lines[-2] == "vLLM version: 0.22.1"
     assert lines[-1] == "compile cache: none"
 
 

@@ -71,7 +71,7 @@ def by_kind(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_serving_invocation_is_a_complete_vllm_serve() -> None:
     invocation = engine_invocation(service(), "serve")
-    assert invocation.image == "ghcr.io/stoker-dev/stoker-vllm:0.22.1"
+    assert invocation.image == "ghcr.io/stoker-dev/stoker-vllm:0.26.0"
     assert invocation.command == ["vllm", "serve"]
     args = invocation.args
     assert args[0] == "meta-llama/Llama-3.1-8B-Instruct"
@@ -183,14 +183,17 @@ def test_seed_and_serving_invocations_share_the_key(changes: dict[str, Any]) -> 
     assert seed.command == serve.command
     assert seed.env == serve.env
     assert seed.cache_mount_path == serve.cache_mount_path
-    assert key_relevant_args(seed.args) == key_relevant_args(serve.args)
+    assert key_relevant_args(seed.args, svc.spec.runtime.engine_profile) == key_relevant_args(
+        serve.args, svc.spec.runtime.engine_profile
+    )
     assert seed.args[seed.args.index("--load-format") + 1] == "dummy"
     assert "--model-loader-extra-config" not in seed.args
 
 
 @pytest.mark.parametrize("changes", SPECS.values(), ids=SPECS.keys())
 def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str, Any]) -> None:
-    children = by_kind(render_children(service(**changes)))
+    svc = service(**changes)
+    children = by_kind(render_children(svc))
     seed_pod, serve_pod = children["Job"]["spec"]["template"], children["Deployment"]["spec"]["template"]
     seed, serve = engine_container(seed_pod), engine_container(serve_pod)
     for field in ("image", "env", "envFrom", "volumeMounts", "resources"):
@@ -199,7 +202,9 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
         assert seed_pod["spec"].get(field) == serve_pod["spec"].get(field), field
     # The seed runs the very same command line, wrapped so that the Job ends once /health answers.
     assert seed["command"] == ["python3", "-c", SEED_WRAPPER]
-    assert key_relevant_args(seed["args"]) == serve["command"] + key_relevant_args(serve["args"])
+    assert key_relevant_args(seed["args"], svc.spec.runtime.engine_profile) == serve[
+        "command"
+    ] + key_relevant_args(serve["args"], svc.spec.runtime.engine_profile)
     assert seed_pod["spec"]["restartPolicy"] == "Never"
 
 

@@ -49,6 +49,26 @@ def test_invalid_manifest_fails_with_the_reason(tmp_path: Path, capsys: pytest.C
     assert "tensorParallelSize must divide gpus" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ("{image: registry/vllm:latest}", "names no vLLM version in its tag: set spec.runtime.engineVersion"),
+        ("{image: vllm/vllm-openai:v0.40.0}", "vLLM 0.40.0 is not supported; supported releases: 0.22-0.23"),
+    ],
+)
+def test_an_engine_version_stoker_cannot_tell_renders_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str, message: str
+) -> None:
+    path = tmp_path / "unknown.yaml"
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: unknown}\n"
+        f"spec: {{model: {{name: m}}, runtime: {runtime}}}\n"
+    )
+    assert main([str(path)]) == 1
+    output = capsys.readouterr()
+    assert message in output.err and output.out == ""
+
+
 def test_nothing_to_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")

@@ -66,13 +66,15 @@ def test_seed_and_serving_pods_run_in_sleep_mode_behind_the_guard() -> None:
 def test_seed_and_serving_key_relevant_args_are_equal_with_standby() -> None:
     svc = service({"replicas": 2})
     seed, serve = engine_invocation(svc, "seed"), engine_invocation(svc, "serve")
-    assert key_relevant_args(seed.args) == key_relevant_args(serve.args)
-    assert "--enable-sleep-mode" in key_relevant_args(serve.args)
-    assert "--middleware" not in key_relevant_args(serve.args)
-    seed_container, serve_container = seed_and_serving_containers(svc)
-    assert key_relevant_args(seed_container["args"]) == serve_container["command"] + key_relevant_args(
-        serve_container["args"]
+    assert key_relevant_args(seed.args, svc.spec.runtime.engine_profile) == key_relevant_args(
+        serve.args, svc.spec.runtime.engine_profile
     )
+    assert "--enable-sleep-mode" in key_relevant_args(serve.args, svc.spec.runtime.engine_profile)
+    assert "--middleware" not in key_relevant_args(serve.args, svc.spec.runtime.engine_profile)
+    seed_container, serve_container = seed_and_serving_containers(svc)
+    assert key_relevant_args(seed_container["args"], svc.spec.runtime.engine_profile) == serve_container[
+        "command"
+    ] + key_relevant_args(serve_container["args"], svc.spec.runtime.engine_profile)
 
 
 def test_cache_key_changes_with_standby_but_not_with_its_replicas() -> None:

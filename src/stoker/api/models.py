@@ -28,6 +28,14 @@ from stoker.api.flags import (
     sets_api_key,
     sets_owned_flag,
 )
+from stoker.engines import (
+    DEFAULT_ENGINE_VERSION,
+    VERSION_PATTERN,
+    EngineProfile,
+    UnsupportedEngineVersion,
+    profile_for,
+    resolve_engine_version,
+)
 
 GROUP = "stoker.dev"
 VERSION = "v1alpha1"
@@ -37,7 +45,7 @@ SINGULAR = "vllmservice"
 SHORT_NAMES = ["vsvc"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-DEFAULT_IMAGE = "ghcr.io/stoker-dev/stoker-vllm:0.22.1"
+DEFAULT_IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
 DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 # The seed Job is named `<name>-seed-<10 hex>` and its pods carry that name in a 63-character label.
@@ -290,6 +298,14 @@ class RuntimeSpec(_Model):
     )
 
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
+    engine_version: str | None = Field(
+        default=None,
+        pattern=VERSION_PATTERN,
+        max_length=32,
+        description="vLLM version of the image (e.g. 0.26.0); defaults to the version in the image's tag."
+        " Flags, environment, the cache key and log parsing follow it; a version stoker does not support"
+        " is an error (Ready=False, InvalidSpec), never a guess.",
+    )
     replicas: int = Field(default=1, ge=0, le=1000)
     gpus: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=16, description="Defaults to gpus.")
@@ -304,6 +320,22 @@ class RuntimeSpec(_Model):
     @property
     def effective_tensor_parallel_size(self) -> int:
         return self.tensor_parallel_size or self.gpus
+
+    @property
+    def resolved_engine_version(self) -> str:
+        return resolve_engine_version(self.engine_version, self.image)
+
+    @property
+    def engine_profile(self) -> EngineProfile:
+        return profile_for(self.resolved_engine_version)
+
+    @model_validator(mode="after")
+    def _supported_engine(self) -> RuntimeSpec:
+        try:
+            resolve_engine_version(self.engine_version, self.image)
+        except UnsupportedEngineVersion as error:
+            raise ValueError(str(error)) from None
+        return self
 
     @model_validator(mode="after")
     def _cross_field(self) -> RuntimeSpec:
@@ -542,6 +574,13 @@ class StartupRecord(_StatusModel):
     pod: str | None = None
     total_seconds: float | None = None
     compile_cache: Literal["hit", "miss", "none"] | None = None
+    compile_cache_reason: Literal["loadFailed"] | None = Field(
+        default=None,
+        description="Why a miss: loadFailed means a kept compile cache was there but could not be loaded.",
+    )
+    engine_version: str | None = Field(
+        default=None, max_length=64, description="vLLM version the log announced, else the spec's."
+    )
     phases: dict[str, float] = Field(default_factory=dict)
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
     failed: bool | None = None

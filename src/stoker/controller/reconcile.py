@@ -168,7 +168,9 @@ class Reconciler:
         if resync or cache.get("key") != key:
             self._remove_superseded_seeds(svc, short_key)
 
-        startup = self._collect_startup(body, pods, status.get("startup") or {}, seed_job)
+        startup = self._collect_startup(
+            body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
+        )
         last = startup.get("last") or {}
         cache["key"] = key
         if last:
@@ -198,7 +200,7 @@ class Reconciler:
                 gate_closed or not rolled_out,
                 "WaitingForSeed" if gate_closed else ("RollingOut" if not rolled_out else "Converged"),
             ),
-            self._degraded(apply_errors, cache_missed, seed_outcome),
+            self._degraded(apply_errors, cache_missed, _miss_detail(last), seed_outcome),
         ]
         if seed_outcome == "failed" and self._condition_reason(status, "CacheSeeded") != "SeedFailed":
             self.kube.post_event(
@@ -208,7 +210,7 @@ class Reconciler:
             self.kube.post_event(
                 body,
                 "CompileCacheMiss",
-                f"Pod {last.get('pod')} compiled despite a seeded cache",
+                f"Pod {last.get('pod')} compiled despite a seeded cache{_miss_detail(last)}",
                 warning=True,
             )
         new_status = {
@@ -244,12 +246,17 @@ class Reconciler:
         return Condition("CacheSeeded", False, "Seeding", f"Seed job for key {short_key} is running")
 
     @staticmethod
-    def _degraded(apply_errors: list[str], cache_missed: bool, seed_outcome: str | None) -> Condition:
+    def _degraded(
+        apply_errors: list[str], cache_missed: bool, miss_detail: str, seed_outcome: str | None
+    ) -> Condition:
         if apply_errors:
             return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
         if cache_missed:
             return Condition(
-                "Degraded", True, "CompileCacheMiss", "A replica compiled despite a seeded cache"
+                "Degraded",
+                True,
+                "CompileCacheMiss",
+                f"A replica compiled despite a seeded cache{miss_detail}",
             )
         if seed_outcome == "failed":
             return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
@@ -297,7 +304,12 @@ class Reconciler:
     # ------------------------------------------------------------------ startup timings
 
     def _collect_startup(
-        self, body: Manifest, pods: list[Manifest], previous: Manifest, seed_job: Manifest | None
+        self,
+        body: Manifest,
+        pods: list[Manifest],
+        previous: Manifest,
+        seed_job: Manifest | None,
+        engine_version: str,
     ) -> Manifest:
         """Parse each new Ready serving container, and the seed pod once its Job finished."""
         startup = copy.deepcopy(previous)
@@ -311,7 +323,7 @@ class Reconciler:
             sample_id = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
             if sample_id in seen:
                 continue
-            record = self._startup_record(body, pod, container, "serve")
+            record = self._startup_record(body, pod, container, "serve", engine_version)
             if record is None:
                 continue
             startup["last"] = record
@@ -331,13 +343,13 @@ class Reconciler:
             pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
             if pods and (startup.get("seed") or {}).get("pod") != pods[-1]["metadata"]["name"]:
                 container = main_container_status(pods[-1])
-                record = self._startup_record(body, pods[-1], container or {}, "seed")
+                record = self._startup_record(body, pods[-1], container or {}, "seed", engine_version)
                 if record is not None:
                     startup["seed"] = record
         return startup
 
     def _startup_record(
-        self, body: Manifest, pod: Manifest, container: Manifest, role: str
+        self, body: Manifest, pod: Manifest, container: Manifest, role: str, engine_version: str
     ) -> Manifest | None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
@@ -349,7 +361,8 @@ class Reconciler:
             lines = self.kube.pod_log_lines(
                 namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
             )
-            timeline = parse_log(lines, process_start=parse_time(started_at))
+            # The spec's version until the log announces the one that really runs.
+            timeline = parse_log(lines, process_start=parse_time(started_at), engine_version=engine_version)
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
             log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
@@ -364,6 +377,8 @@ class Reconciler:
             "pod": pod_name,
             "totalSeconds": round(timeline.total_seconds or 0.0, 2),
             "compileCache": timeline.compile_cache,
+            "compileCacheReason": timeline.compile_cache_reason,
+            "engineVersion": timeline.engine_version,
             "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
             "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
             "finishedAt": now_rfc3339(),
@@ -391,6 +406,13 @@ def _standby_status(standby: StandbyOutcome, status: Manifest) -> Manifest:
     if "lastWake" not in document and previous_wake:
         document["lastWake"] = previous_wake
     return document
+
+
+def _miss_detail(record: Manifest) -> str:
+    """Why a start missed the compile cache, when its log said."""
+    if record.get("compileCacheReason") == "loadFailed":
+        return " (loadFailed: the kept cache was there but failed to load)"
+    return ""
 
 
 def _sample_summary(record: Manifest) -> Manifest:

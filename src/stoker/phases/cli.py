@@ -58,7 +58,10 @@ def format_table(timeline: StartupTimeline) -> str:
     rows = [("phase", "seconds"), *rows, ("total", total)]
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value:>9}" for name, value in rows]
-    lines.append(f"compile cache: {timeline.compile_cache}")
+    if timeline.engine_version is not None:
+        lines.append(f"vLLM version: {timeline.engine_version}")
+    reason = f" ({timeline.compile_cache_reason})" if timeline.compile_cache_reason else ""
+    lines.append(f"compile cache: {timeline.compile_cache}{reason}")
     if timeline.failed:
         lines.append(f"failed: {timeline.reason}")
     return "\n".join(lines)

@@ -5,42 +5,57 @@ comes from, in order of preference: the kubelet's RFC3339 prefix (`kubectl logs 
 `[seconds since process start]` prefix, or vLLM's own `MM-DD HH:MM:SS` header (no year, whole seconds). The
 first line that carries one of them fixes the clock for the rest of the log, so a stray `[12]` or date in a
 later line cannot switch clocks halfway.
+
+Which wordings mark which phase, and in which order the phases run, come from the engine profile: the
+version the caller names, replaced by the one the log announces (its banner comes first), else a tolerant
+union of every supported release's wordings. JSON records (0.33 `--logging-config.formatter json`) are read
+as the text records they stand for.
 """
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
+from stoker.engines import (
+    SUPPORTED,
+    TOLERANT,
+    EngineProfile,
+    Marker,
+    UnsupportedEngineVersion,
+    detect_version_in_log,
+    profile_for,
+)
 from stoker.phases.patterns import (
     ANSI_ESCAPE,
     EXCEPTION_LINE,
     HEADER,
+    JSON_RECORD_START,
     KUBELET_TIMESTAMP,
-    MARKERS,
     PROCESS,
     RELATIVE_TIMESTAMP,
     TRACEBACK_START,
-    Marker,
+    marker_pattern,
 )
-from stoker.phases.timeline import CompileCache, StartupTimeline
+from stoker.phases.timeline import CompileCache, CompileCacheReason, StartupTimeline
 
-# Each engine phase runs from the previous phase's end (process start for the first) to its own marker.
-PHASE_ENDS: tuple[tuple[str, Marker], ...] = (
-    ("bootstrap", Marker.ARGS),
-    ("modelInfo", Marker.ARCHITECTURE),
-    ("engineStart", Marker.LOAD_START),
-    ("weightLoad", Marker.LOADED),
-    ("dynamo", Marker.DYNAMO),
-    ("compile", Marker.COMPILED),
-    ("profiling", Marker.KV_CACHE),
-    ("graphCapture", Marker.GRAPHS),
-    ("apiReady", Marker.SERVER),
+# On a cache hit the phase that ends at torch.compile's total loaded artifacts: it compiled nothing.
+COMPILE_PHASE, COMPILE_LOAD_PHASE = "compile", "compileLoad"
+# Every engine phase name, in the order of the tolerant layout; a release may run some in another order.
+ENGINE_PHASES = tuple(
+    dict.fromkeys(
+        phase
+        for profile in (TOLERANT, *SUPPORTED)
+        for name, _ in profile.phase_ends
+        for phase in ((name, COMPILE_LOAD_PHASE) if name == COMPILE_PHASE else (name,))
+    )
 )
-ENGINE_PHASES = tuple(name for name, _ in PHASE_ENDS)
 
 _COMPILE_EVIDENCE = (Marker.DYNAMO, Marker.COMPILED, Marker.GRAPH_STORED)
+# Lines that can announce the version contain one of these; the regex runs only on them.
+_VERSION_HINTS = ("version ", "(v")
 # vLLM's clock has no year: a timestamp this far before the previous one means the log crossed New Year.
 _YEAR_WRAP_SECONDS = 180 * 24 * 3600.0
 # Streams merged by a recorder may be slightly out of order; a restarted process's clock jumps back further.
@@ -70,7 +85,10 @@ class _Run:
 class StartupLogParser:
     """Feed lines one at a time; `timeline()` may be called at any point (a pod still starting)."""
 
-    def __init__(self, process_start: datetime | None = None) -> None:
+    def __init__(self, process_start: datetime | None = None, engine_version: str | None = None) -> None:
+        self._engine_version = engine_version
+        self._use_profile(_profile_or_tolerant(engine_version))
+        self._version_seen = False
         self._anchor: float | None = None
         self._year = _ANY_LEAP_YEAR
         if process_start is not None:
@@ -90,6 +108,10 @@ class StartupLogParser:
     def feed(self, raw_line: str) -> None:
         line = raw_line.rstrip("\r\n")
         time, line = self._prefix_time(line)
+        if line.startswith(JSON_RECORD_START):
+            line = _text_record(line)
+        if not self._version_seen and any(hint in line for hint in _VERSION_HINTS):
+            self._learn_version(line)
         if "\x1b" in line:
             line = ANSI_ESCAPE.sub("", line)
         header = HEADER.search(line)
@@ -110,17 +132,19 @@ class StartupLogParser:
         if time is not None:
             self._advance(time)
         if header is not None:
-            found = MARKERS.match(message)
+            found = self._markers.match(message)
             if found is not None and found.lastgroup is not None and self._last_time is not None:
                 self._mark(Marker(found.lastgroup), self._last_time)
         self._follow_traceback(line, message)
 
     def timeline(self) -> StartupTimeline:
         run = self._run
+        cache, cache_reason = self._compile_cache()
         phases: dict[str, float] = {}
         boundary = 0.0
         if run.start is not None:
-            for name, marker in PHASE_ENDS:
+            for phase, marker in self._profile.phase_ends:
+                name = COMPILE_LOAD_PHASE if phase == COMPILE_PHASE and cache == "hit" else phase
                 at = run.marks.get(marker)
                 if at is None:
                     continue
@@ -137,21 +161,38 @@ class StartupLogParser:
         return StartupTimeline(
             phases=phases,
             total_seconds=total,
-            compile_cache=self._compile_cache(),
+            compile_cache=cache,
+            compile_cache_reason=cache_reason,
+            engine_version=self._engine_version,
             failed=failed,
             reason=run.exception if failed else None,
             ready=ready,
         )
 
-    def _compile_cache(self) -> CompileCache:
+    def _compile_cache(self) -> tuple[CompileCache, CompileCacheReason | None]:
         marks = self._run.marks
+        if Marker.CACHE_LOAD_FAILED in marks:
+            return "miss", "loadFailed"
         if Marker.GRAPH_COMPILED in marks:
-            return "miss"
+            return "miss", None
         if Marker.GRAPH_FROM_CACHE in marks:
-            return "hit"
+            return "hit", None
         if any(marker in marks for marker in _COMPILE_EVIDENCE):
-            return "miss"
-        return "none"
+            return "miss", None
+        return "none", None
+
+    def _learn_version(self, line: str) -> None:
+        version = detect_version_in_log(line)
+        if version is None:
+            return
+        # What the process says it is wins over what the caller expected it to be.
+        self._version_seen = True
+        self._engine_version = version
+        self._use_profile(_profile_or_tolerant(version))
+
+    def _use_profile(self, profile: EngineProfile) -> None:
+        self._profile = profile
+        self._markers = marker_pattern(profile)
 
     def _prefix_time(self, line: str) -> tuple[float | None, str]:
         if self._clock is None or self._clock is _Clock.KUBELET:
@@ -238,13 +279,40 @@ class StartupLogParser:
         return (found.group("process") or "") if found is not None else ""
 
 
-def parse_log(lines: Iterable[str], *, process_start: datetime | None = None) -> StartupTimeline:
+def _profile_or_tolerant(version: str | None) -> EngineProfile:
+    if version is None:
+        return TOLERANT
+    try:
+        return profile_for(version)
+    except UnsupportedEngineVersion:
+        return TOLERANT
+
+
+def _text_record(line: str) -> str:
+    """A JSON log record as vLLM's text record: `(proc pid=N) LEVEL time [name:0] message`."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or not isinstance(record.get("message"), str):
+        return line
+    process = f"({record.get('processName', '')} pid={record.get('process', 0)}) "
+    header = (
+        f"{record.get('levelname', 'INFO')} {record.get('asctime', '')} [{record.get('name', 'vllm')}:0] "
+    )
+    return process + header + record["message"]
+
+
+def parse_log(
+    lines: Iterable[str], *, process_start: datetime | None = None, engine_version: str | None = None
+) -> StartupTimeline:
     """Parse a vLLM startup log; `process_start` (container startedAt) anchors absolute clocks.
 
     Without it, an absolute clock (kubelet or vLLM's) starts at the log's first timestamp; the recorder's
-    `[seconds]` clock always starts at 0.
+    `[seconds]` clock always starts at 0. `engine_version` picks the release's wordings until the log
+    names its own version.
     """
-    parser = StartupLogParser(process_start)
+    parser = StartupLogParser(process_start, engine_version)
     for line in lines:
         parser.feed(line)
     return parser.timeline()

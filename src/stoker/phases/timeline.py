@@ -4,6 +4,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 CompileCache = Literal["hit", "miss", "none"]
+# Why a miss: a kept compile cache was there and could not be loaded, so the engine compiled again.
+CompileCacheReason = Literal["loadFailed"]
+
+COMPILE_PHASES = ("dynamo", "compileLoad", "compile")
 
 # Kubernetes caps an Event message at 1024 characters.
 _EVENT_MESSAGE_LIMIT = 1024
@@ -16,17 +20,25 @@ class StartupTimeline:
     phases: dict[str, float] = field(default_factory=dict)
     total_seconds: float | None = None
     compile_cache: CompileCache = "none"
+    compile_cache_reason: CompileCacheReason | None = None
+    # The version the log announced, else the one the parser was told; None when neither.
+    engine_version: str | None = None
     failed: bool = False
     reason: str | None = None
     ready: bool = False
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The `stoker phases --json` document: `failed` and `reason` appear only when startup failed."""
+        """The `stoker phases --json` document: `failed` and `reason` appear only when startup failed,
+        `compileCacheReason` and `engineVersion` only when known."""
         document: dict[str, Any] = {
             "phases": dict(self.phases),
             "totalSeconds": self.total_seconds,
             "compileCache": self.compile_cache,
         }
+        if self.compile_cache_reason is not None:
+            document["compileCacheReason"] = self.compile_cache_reason
+        if self.engine_version is not None:
+            document["engineVersion"] = self.engine_version
         if self.failed:
             document["failed"] = True
             document["reason"] = self.reason
@@ -44,10 +56,13 @@ def summarize(timeline: StartupTimeline) -> str:
         if timeline.compile_cache == "none":
             details.append("no compile")
         else:
-            # Dynamo tracing (or, on a cache hit, artifact loading) is part of torch.compile's own total.
-            compile_seconds = timeline.phases.get("dynamo", 0.0) + timeline.phases.get("compile", 0.0)
+            # Dynamo tracing and compiling (or, on a cache hit, artifact loading) make torch.compile's total.
+            compile_seconds = sum(timeline.phases.get(phase, 0.0) for phase in COMPILE_PHASES)
             details.append(f"compile {compile_seconds:.1f} s")
-            details.append(f"cache {timeline.compile_cache}")
+            cache = f"cache {timeline.compile_cache}"
+            if timeline.compile_cache_reason == "loadFailed":
+                cache += " (the kept cache failed to load)"
+            details.append(cache)
         message = f"Started in {timeline.total_seconds:.1f} s ({', '.join(details)})"
     elif timeline.phases:
         last_phase = next(reversed(timeline.phases))

@@ -5,7 +5,6 @@ from stoker.render.children import render_children, seed_wanted
 from stoker.render.deployment import build_deployment, pod_count
 from stoker.render.engine import (
     CACHE_MOUNT_PATH,
-    KEY_IGNORED_FLAGS,
     PORT,
     EngineInvocation,
     Role,
@@ -43,7 +42,6 @@ __all__ = [
     "COMPONENT_SEED",
     "COMPONENT_SERVER",
     "INSTANCE_LABEL",
-    "KEY_IGNORED_FLAGS",
     "PORT",
     "EngineInvocation",
     "Role",

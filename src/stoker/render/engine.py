@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stoker.api import VLLMService
+from stoker.engines import EngineFlags, EngineProfile
 
 Role = Literal["seed", "serve"]
 
@@ -24,22 +25,11 @@ MODEL_SOURCE_MOUNT_PATH = "/models"
 ENGINE_COMMAND = ["vllm", "serve"]
 SEED_LOAD_FORMAT = "dummy"
 
-# Flags (each followed by one value) whose values vLLM leaves out of its compile-cache key.
-KEY_IGNORED_FLAGS = frozenset(
-    {
-        "--port",
-        "--served-model-name",
-        "--gpu-memory-utilization",
-        "--load-format",
-        "--model-loader-extra-config",
-        "--middleware",
-    }
-)
-
 # With standby replicas: vLLM's sleep endpoints exist only in dev mode, on the serving port, so this
 # middleware (shipped in stoker's runtime image) answers them only to a caller holding the control token.
 CONTROL_GUARD = "stoker.guard.ControlGuard"
-SLEEP_MODE_FLAG = "--enable-sleep-mode"
+# The standby pool tells a sleep-capable pod by this flag in its args.
+SLEEP_MODE_FLAG = EngineFlags().sleep_mode
 
 
 @dataclass(frozen=True)
@@ -75,6 +65,7 @@ def weights_from_volume(svc: VLLMService) -> bool:
 
 
 def engine_env(svc: VLLMService) -> dict[str, str]:
+    profile = svc.spec.runtime.engine_profile
     env = {
         "VLLM_CACHE_ROOT": CACHE_MOUNT_PATH,
         # For s3 models vLLM copies config and tokenizer under the assets cache and hashes that path, so it
@@ -92,6 +83,8 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # back to spawn by itself where CUDA is already initialised. Ignored by the key; runtime.env wins.
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
     }
+    for name, directory in profile.cache_env:
+        env[name] = f"{CACHE_MOUNT_PATH}/{directory}"
     if svc.spec.cold_start.standby is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # ignored by the key
     if svc.spec.cold_start.model_cache.enabled:
@@ -109,54 +102,59 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
     return env
 
 
-def _loader_args(svc: VLLMService, role: Role) -> list[str]:
+def _loader_args(svc: VLLMService, role: Role, profile: EngineProfile) -> list[str]:
+    flags = profile.flags
     if role == "seed":
-        return ["--load-format", SEED_LOAD_FORMAT]
+        return [flags.load_format, SEED_LOAD_FORMAT]
     loader = svc.spec.cold_start.loader
-    args = ["--load-format", loader.format]
-    extra: dict[str, int] = {}
+    args = [flags.load_format, loader.format]
+    extra: dict[str, object] = {}
     if loader.concurrency is not None:
         extra["concurrency"] = loader.concurrency
     if loader.memory_limit_bytes is not None:
         extra["memory_limit"] = loader.memory_limit_bytes
     if extra:
-        # The streamer silently ignores values of the wrong type, so these stay JSON integers.
-        args += ["--model-loader-extra-config", json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+        # Lenient releases drop unknown keys and wrongly typed values without a word, strict ones refuse
+        # to start: both are caught here, before a pod exists.
+        profile.loader_config.check(extra)
+        args += [flags.loader_extra_config, json.dumps(extra, sort_keys=True, separators=(",", ":"))]
     return args
 
 
-def _cuda_graph_args(svc: VLLMService) -> list[str]:
+def _cuda_graph_args(svc: VLLMService, flags: EngineFlags) -> list[str]:
     graphs = svc.spec.cold_start.cuda_graphs
     if graphs.mode == "eager":
-        return ["--enforce-eager"]
+        return [flags.enforce_eager]
     if graphs.max_capture_size is not None:
-        return ["--max-cudagraph-capture-size", str(graphs.max_capture_size)]
-    return ["--cudagraph-capture-sizes", *(str(size) for size in graphs.capture_sizes or [])]
+        return [flags.max_capture_size, str(graphs.max_capture_size)]
+    return [flags.capture_sizes, *(str(size) for size in graphs.capture_sizes or [])]
 
 
 def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
     spec = svc.spec
     runtime = spec.runtime
+    profile = runtime.engine_profile
+    flags = profile.flags
     args = [
         model_string(svc),
-        "--port",
+        flags.port,
         str(PORT),
-        "--served-model-name",
+        flags.served_model_name,
         served_model_name(svc),
-        "--tensor-parallel-size",
+        flags.tensor_parallel_size,
         str(runtime.effective_tensor_parallel_size),
     ]
     if spec.model.revision and spec.model.source.hugging_face is not None:
-        args += ["--revision", spec.model.revision]
+        args += [flags.revision, spec.model.revision]
     if runtime.max_model_len is not None:
-        args += ["--max-model-len", str(runtime.max_model_len)]
+        args += [flags.max_model_len, str(runtime.max_model_len)]
     if runtime.gpu_memory_utilization is not None:
-        args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
-    args += _loader_args(svc, role)
-    args += _cuda_graph_args(svc)
+        args += [flags.gpu_memory_utilization, str(runtime.gpu_memory_utilization)]
+    args += _loader_args(svc, role, profile)
+    args += _cuda_graph_args(svc, flags)
     if spec.cold_start.standby is not None:
-        # The same for the seed: --enable-sleep-mode is part of the compile-cache key.
-        args += [SLEEP_MODE_FLAG, "--middleware", CONTROL_GUARD]
+        # The same for the seed: the sleep-mode flag is part of the compile-cache key.
+        args += [flags.sleep_mode, flags.middleware, CONTROL_GUARD]
     args += runtime.extra_args
     return EngineInvocation(
         image=runtime.image,
@@ -167,14 +165,14 @@ def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
     )
 
 
-def key_relevant_args(args: list[str]) -> list[str]:
-    """`args` without the flags (and their values) that vLLM's compile-cache key ignores."""
+def key_relevant_args(args: list[str], profile: EngineProfile) -> list[str]:
+    """`args` without the flags (and their values) that the release's compile-cache key ignores."""
     kept: list[str] = []
     skip_value = False
     for arg in args:
         if skip_value:
             skip_value = False
-        elif arg in KEY_IGNORED_FLAGS:
+        elif arg in profile.key_ignored_flags:
             skip_value = True
         else:
             kept.append(arg)
