@@ -31,6 +31,7 @@ from bench.conformance.swaps import SERVE_SUBCOMMAND, LocalRun, container_argv, 
 from bench.conformance.versions import (
     CPU_VERSIONS,
     PARSE_ONLY_VERSIONS,
+    install_command,
     select_version,
     venv_path,
 )
@@ -171,7 +172,9 @@ def full_run(
 
 
 def ensure_venv(version: str) -> None:
-    subprocess.run([str(REPO / "hack" / "vllm-venv"), version], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(REPO / "hack" / "vllm-venv"), *install_command(version)], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def run_version(version: str, model_dir: Path) -> dict[str, Any]:

@@ -30,8 +30,17 @@ def select_version(manifest: dict[str, Any], version: str) -> dict[str, Any]:
 def venv_path(version: str) -> Path:
     """Where hack/vllm-venv installs `version` (the same default and STOKER_CACHE setting)."""
     root = Path(os.environ.get("STOKER_CACHE") or Path.home() / ".cache" / "stoker")
-    return root / "vllm" / version
+    return root / "vllm" / (f"{version}-argparse" if version in PARSE_ONLY_VERSIONS else version)
+
+
+def install_command(version: str) -> list[str]:
+    """The hack/vllm-venv arguments that install `version` (parse-only versions get their CUDA build)."""
+    return ["--argparse-only", version] if version in PARSE_ONLY_VERSIONS else [version]
 
 
 def venv_ready(version: str) -> bool:
     return (venv_path(version) / VENV_MARKER).exists()
+
+
+if __name__ == "__main__":
+    print(default_version())  # for the Makefile: the venv `make test` installs
