@@ -108,7 +108,12 @@ def keep_log(log: Path, version: str, out_dir: Path) -> None:
         target = Path(raw_copies) / version
         target.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, target / log.name)
-    with open(log, "rb") as source, gzip.open(out_dir / f"{log.name}.gz", "wb", mtime=0) as packed:
+    # mtime=0 and no file name in the header: the same log always packs to the same bytes.
+    with (
+        open(log, "rb") as source,
+        open(out_dir / f"{log.name}.gz", "wb") as target,
+        gzip.GzipFile(filename="", mode="wb", fileobj=target, mtime=0) as packed,
+    ):
         shutil.copyfileobj(source, packed)
 
 
