@@ -100,7 +100,7 @@ def test_checks_fail_on_compile_outside_a_compile_phase_a_wrong_cache_call_and_a
 def test_an_argparse_error_and_a_load_failure_are_seen_in_the_log():
     lines = checks.recorded_lines(
         "[    2.000] vllm serve: error: unrecognized arguments: --bogus\n"
-        "[    3.000] (Worker pid=2) INFO 11-23 13:48:45 [a.py:1] Compiling model again due to a load failure\n"
+        "[    3.000] (W pid=2) INFO 11-23 13:48:45 [a.py:1] Compiling model again due to a load failure\n"
     )
     assert not checks.log_checks("serve", lines, StartupTimeline(), KEPT)["serve_args_accepted"]
     assert checks.load_failed(lines)
