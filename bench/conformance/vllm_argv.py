@@ -23,6 +23,17 @@ def _stop(args: object) -> None:
     raise _Parsed
 
 
+def use_cpu_platform_without_a_device() -> None:
+    """A CUDA build on a machine without a GPU cannot infer its platform, and the CLI asks for it while
+    building its parser; vLLM's own `vllm bench` then switches to the CPU platform, and so does this."""
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+
+
 def check(argv: list[str]) -> tuple[bool, str | None]:
     from vllm.entrypoints.cli import main, serve
 
@@ -44,6 +55,7 @@ def check(argv: list[str]) -> tuple[bool, str | None]:
 if __name__ == "__main__":
     result_path = sys.argv[1]  # read before check() replaces sys.argv
     argvs = json.load(sys.stdin)
+    use_cpu_platform_without_a_device()
     results = {}
     for name, argv in argvs.items():
         accepted, error = check(argv)
