@@ -150,6 +150,10 @@ def run_role(
         observedCache=evidence.observed_state(),
         cacheLoadFailed=checks.load_failed(lines),
         serverLineSeconds=next((at for at, t in lines if checks.SERVER_LINE in t), None),
+        # Which artifact directories (cache-key hashes) the run wrote, to tell a key split from a reload.
+        artifactsWritten=sorted(
+            {"/".join(path.split("/")[:2]) for path, _, _ in evidence.after - evidence.before}
+        ),
     )
     return role_checks, outcome
 
@@ -161,11 +165,12 @@ def full_run(
     all_checks: dict[str, bool] = {}
     outcomes: dict[str, Any] = {}
     try:
-        cache_dir, hf_home = work / "cache", work / "hf-home"
+        # One HOME for both, as pods of one image have: vLLM's default VLLM_CONFIG_ROOT (~/.config/vllm)
+        # enters its compile-cache key, so a HOME per role alone makes the serving run miss.
+        cache_dir, hf_home, home = work / "cache", work / "hf-home", work / "home"
+        for directory in (cache_dir, hf_home, home):
+            directory.mkdir()
         for role in ("seed", "serve"):
-            home = work / f"home-{role}"
-            for directory in (cache_dir, hf_home, home):
-                directory.mkdir(exist_ok=True)
             run = LocalRun(venv_path(version), model_dir, cache_dir, hf_home, home, free_port())
             role_checks, outcomes[role] = run_role(
                 role, containers[f"{FULL_RUN_EXAMPLE}/{role}"], run, version, work, out_dir
