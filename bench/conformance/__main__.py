@@ -91,17 +91,6 @@ def parse_argvs(version: str, containers: dict[str, dict[str, Any]], out_dir: Pa
     return results
 
 
-def cache_snapshot(cache_dir: Path) -> frozenset[tuple[str, int, int]]:
-    root = cache_dir / "torch_compile_cache"
-    if not root.exists():
-        return frozenset()
-    return frozenset(
-        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in root.rglob("*")
-        if p.is_file()
-    )
-
-
 def keep_log(log: Path, version: str, out_dir: Path) -> None:
     raw_copies = os.environ.get("CONFORMANCE_RAW_LOG_DIR")
     if raw_copies:
@@ -122,7 +111,7 @@ def run_role(
 ) -> tuple[dict[str, bool], dict[str, Any]]:
     """Run one rendered container as a process; the seed runs to its own exit, the serving command to
     /health and one completion, then stops."""
-    before = cache_snapshot(run.cache_dir)
+    before = checks.compile_artifacts(run.cache_dir)
     process = RecordedProcess(
         local_argv(container_argv(container), run), local_env(container, run), work / f"{role}.log"
     )
@@ -139,7 +128,7 @@ def run_role(
         outcome["exitCode"] = process.stop()
         role_checks = {"serve_health": healthy, "serve_completion": answered}
     outcome["wallSeconds"] = round(time.monotonic() - process.started, 1)
-    evidence = checks.CacheEvidence(before, cache_snapshot(run.cache_dir))
+    evidence = checks.CacheEvidence(before, checks.compile_artifacts(run.cache_dir))
     keep_log(process.log_path, version, out_dir)
     text = process.log_path.read_text(encoding="utf-8")
     lines = checks.recorded_lines(text)

@@ -1,14 +1,16 @@
 """What a conformance run checks: stoker's reading of a real log against the log's own evidence.
 
-Pure: takes the recorded log's lines (`[seconds] text`, see process.py), stoker's timeline of it and what
-the cache directory showed, and returns named booleans. The evidence is read by plain substring search
-here, not by stoker's patterns, so a parser that misses a line cannot agree with itself.
+Pure apart from compile_artifacts() (a directory listing): takes the recorded log's lines (`[seconds]
+text`, see process.py), stoker's timeline of it and what the cache directory showed, and returns named
+booleans. The evidence is read by plain substring search here, not by stoker's patterns, so a parser
+that misses a line cannot agree with itself.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from stoker.phases import StartupTimeline
 
@@ -50,6 +52,18 @@ class CacheEvidence:
         if self.written:
             return "miss"
         return "hit" if self.before else "none"
+
+
+def compile_artifacts(cache_dir: Path) -> frozenset[tuple[str, int, int]]:
+    """Files under VLLM_CACHE_ROOT/torch_compile_cache, with size and mtime, for CacheEvidence."""
+    root = cache_dir / "torch_compile_cache"
+    if not root.exists():
+        return frozenset()
+    return frozenset(
+        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    )
 
 
 def recorded_lines(text: str) -> list[tuple[float, str]]:

@@ -23,6 +23,12 @@ against the log's own evidence: `*_total_matches_server_line` (totalSeconds with
 torch.compile line inside a dynamo/compile phase), `*_cache_state` (compileCache equals what the cache
 directory shows: the run wrote artifacts = miss, found and kept them = hit). Logs are in each version's
 `logs` directory. Failing checks are recorded as they are, not relaxed.
+
+Versions without a CPU wheel (`argparse-only`, 0.33.0) are PyPI's own `vllm==X` (the CUDA build) installed
+by `hack/vllm-venv --argparse-only` with its own requirements (certifi unpinned: 0.33.0 pins a release
+PyPI does not serve). Without a GPU its platform cannot be inferred, so `bench/conformance/vllm_argv.py`
+selects the CPU platform first, as vLLM's own `vllm bench` does; then vLLM's real `main()` parses each
+argv and runs the serve subcommand's `validate()`, with only the subcommand's action replaced.
 """
 
 

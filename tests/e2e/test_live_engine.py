@@ -102,3 +102,6 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
     expected = parse_log(recording.splitlines(keepends=True))
     assert engine_phases == pytest.approx(expected.phases, abs=0.01)
     assert last["compileCache"] == expected.compile_cache
+    # An empty cache dir the engine filled: a miss, which is what status must say.
+    evidence = checks.CacheEvidence(frozenset(), checks.compile_artifacts(dirs["cache"]))
+    assert last["compileCache"] == evidence.observed_state() == "miss"
