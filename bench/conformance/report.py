@@ -63,7 +63,7 @@ def write_compatibility(document: dict[str, Any]) -> None:
             lines.append(
                 f"| {entry['version']} | {role} | {run['wallSeconds']} | {_cell(run['serverLineSeconds'])} | "
                 f"{_cell(parsed['totalSeconds'])} | {parsed['compileCache']} | {run['observedCache']} | "
-                f"{_cell(run['cacheLoadFailed'])} |"
+                f"{'yes' if run['cacheLoadFailed'] else 'no'} |"
             )
     rejected = [
         (e["version"], name, error) for e in entries for name, error in (e.get("rejected") or {}).items()
