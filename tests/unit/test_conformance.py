@@ -10,7 +10,7 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 from bench.conformance import checks
-from bench.conformance.__main__ import engine_argv, keep_log, rendered_containers
+from bench.conformance.matrix import engine_argv, keep_log, rendered_containers
 from bench.conformance.swaps import LocalRun, container_argv, local_argv, local_env
 from bench.conformance.versions import IMAGE_REPOSITORY, select_version
 
