@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -218,7 +219,16 @@ def save(entry: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    versions = argv or [*CPU_VERSIONS, *PARSE_ONLY_VERSIONS]
+    known = [*CPU_VERSIONS, *PARSE_ONLY_VERSIONS]
+    unknown = [v for v in argv if v not in known]
+    if unknown:
+        print(
+            f"usage: python -m bench.conformance [VERSION ...]; not in the matrix: {' '.join(unknown)}; "
+            f"known: {' '.join(known)}",
+            file=sys.stderr,
+        )
+        return 2
+    versions = argv or known
     model_dir = Path(tempfile.gettempdir()) / "stoker-conformance-model"
     for version in versions:
         started = time.monotonic()
