@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build lint unit e2e test demo demo-down crds docs conformance-flags
+.PHONY: venv cluster-build vllm-venv lint unit e2e test conformance conformance-flags demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 cluster-build:
 	$(CLUSTER) build
 
+# Real vLLM (CPU build) of stoker's default version, for the live-engine e2e test; reused once installed.
+vllm-venv: venv
+	hack/vllm-venv $$($(BIN)/python -m bench.conformance.versions)
+
 lint: venv
 	$(BIN)/ruff check src tests bench hack
 	$(BIN)/ruff format --check src tests bench hack
@@ -24,7 +28,7 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv cluster-build
+e2e: venv cluster-build vllm-venv
 	$(BIN)/pytest tests/e2e
 
 # stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
@@ -32,8 +36,13 @@ conformance-flags: venv
 	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
-test: venv cluster-build lint
+test: venv cluster-build vllm-venv lint
 	$(BIN)/pytest tests
+
+# Every example against every vLLM version in bench/conformance/versions.py (about 15 min per CPU version
+# here); writes bench/results/conformance.json and docs/compatibility.md.
+conformance: venv conformance-flags
+	$(BIN)/python -m bench.conformance
 
 crds: venv
 	$(BIN)/python -m stoker.api.crd
