@@ -143,11 +143,6 @@ class StandbyPool:
             return max(backoff.not_before - time.monotonic(), 0.0) if backoff else 0.0
 
         def hold(remaining: float) -> None:
-            assert backoff is not None
-            outcome.problem = (
-                f"{backoff.last_error}; {backoff.failures} failed sleeps or wakes, so standby pods are"
-                f" neither slept nor replaced for another {remaining:.0f} s"
-            )
             outcome.recheck_after = (
                 remaining if outcome.recheck_after is None else min(outcome.recheck_after, remaining)
             )
@@ -157,8 +152,8 @@ class StandbyPool:
             nonlocal backoff
             failures = (backoff.failures if backoff else 0) + 1
             remaining = backing_off()
-            if remaining > 0:
-                backoff = Backoff(failures - 1, backoff.not_before, message)  # type: ignore[union-attr]
+            if backoff is not None and remaining > 0:
+                backoff = Backoff(backoff.failures, backoff.not_before, message)
                 hold(remaining)
             else:
                 self.kube.delete("v1", "Pod", namespace, pod.name, pod.uid)
@@ -252,6 +247,11 @@ class StandbyPool:
                 f"Pod {pod.name} is a standby, asleep at level {standby.level} in {seconds:.1f} s",
             )
 
+        if backoff is not None:
+            outcome.problem = (
+                f"{backoff.last_error}; after {backoff.failures} failed sleeps or wakes, standby pods are"
+                f" slept or replaced at most every {replacement_delay(backoff.failures):.0f} s"
+            )
         if resync:
             self._verify_asleep(namespace, views, engine, outcome)
         return outcome
