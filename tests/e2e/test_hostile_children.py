@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from stoker.api import VLLMService
-from stoker.render import PORT, short_cache_key
+from stoker.render import short_cache_key
 from tests.e2e.fleet import Fleet, standby_service
 from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
-from tests.fakevllm import FakeEngine, FakeEngineServer
+from tests.fakevllm import FakeEngine
 
 pytestmark = pytest.mark.e2e
 
@@ -476,17 +476,8 @@ def test_a_hand_expanded_cache_volume_is_kept_and_not_degraded(namespace, kubect
 class SleeplessFleet(Fleet):
     """Every engine refuses /sleep, as a misconfigured image would."""
 
-    def _watch(self) -> None:
-        while not self.stopped.wait(0.3):
-            pods = self.pods()
-            with self.lock:
-                for gone in set(self.engines) - {pod["metadata"]["name"] for pod in pods}:
-                    self.engines.pop(gone).close()
-                for pod in pods:
-                    ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
-                    if ip and pod_name not in self.engines:
-                        engine = FakeEngine(self.token, answers={"/sleep": (500, {"error": "no sleep mode"})})
-                        self.engines[pod_name] = FakeEngineServer(engine, ip, PORT)
+    def new_engine(self) -> FakeEngine:
+        return FakeEngine(self.token, answers={"/sleep": (500, {"error": "no sleep mode"})})
 
 
 def test_standby_pods_that_cannot_sleep_are_replaced_with_backoff(namespace, kubectl, operator):
