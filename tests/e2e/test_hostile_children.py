@@ -370,6 +370,16 @@ def test_an_emoji_served_name_renders(namespace, kubectl, operator):
     wait_ready(kubectl, namespace, "emoji")
     deployment = get_json(kubectl, "-n", namespace, "deployment", "emoji")
     assert "llama-🦙-ünïcode" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    # An edit goes through server-side apply of the existing Deployment (its body is YAML to the server).
+    patch = {"spec": {"model": {"servedModelName": "llama-🐪-2"}}}
+    kubectl("-n", namespace, "patch", "vllmservice", "emoji", "--type=merge", "-p", json.dumps(patch))
+
+    def renamed() -> bool:
+        found = get_json(kubectl, "-n", namespace, "deployment", "emoji")
+        return "llama-🐪-2" in found["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    wait_for(renamed, 30, what="the new served name applied")
+    assert condition(wait_ready(kubectl, namespace, "emoji"), "Degraded")["status"] == "False"
 
 
 def test_a_huge_valid_spec_converges_carries_no_operator_state_and_deletes(namespace, kubectl, operator):
