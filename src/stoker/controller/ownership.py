@@ -3,6 +3,15 @@
 An object is stoker's only if it carries the VLLMService's owner reference (its uid). Anything else with
 a child's name (a user's PVC with data, an object of another VLLMService or of Helm) is never applied to,
 patched or deleted: it is reported as a conflict naming it, and the VLLMService waits.
+
+The check and the write cannot be one request, so each write carries what the check saw and the API server
+refuses it if that changed in between (no window in which a newcomer is taken):
+- missing when read: created with POST (409 if anything of that name appeared since), never applied;
+- stoker's when read: applied with the read object's `metadata.uid` in the body (uid is immutable: an
+  object deleted and re-created by someone else since is refused with 422);
+- the control Secret, which the operator never reads: POST, and on 409 a JSON patch whose first operation
+  tests `/metadata/ownerReferences/0/uid` (atomic with the write; 422 if not stoker's);
+- deletions (superseded seed Jobs, standby pods) carry a uid precondition.
 """
 
 from __future__ import annotations
