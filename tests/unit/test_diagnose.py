@@ -1,4 +1,6 @@
-from stoker.controller.diagnose import ObservedChildren, Problem, child_problems
+import datetime as dt
+
+from stoker.controller.diagnose import ObservedChildren, Problem, child_problems, worth_a_closer_look
 
 
 def meta(name: str, uid: str = "u") -> dict:
@@ -95,3 +97,10 @@ def test_each_stuck_container_reason_is_its_own_reason_with_the_kubelets_message
 def test_a_container_on_its_way_is_no_problem():
     assert child_problems(ObservedChildren(pods=[waiting_pod("ContainerCreating")])) == []
     assert child_problems(ObservedChildren(pods=[{"metadata": meta("p"), "status": {}}])) == []
+
+
+def test_only_a_child_that_had_time_to_get_going_is_looked_at_closer():
+    now = dt.datetime(2026, 11, 23, 10, 0, 30, tzinfo=dt.UTC)
+    assert worth_a_closer_look({"metadata": {"creationTimestamp": "2026-11-23T10:00:00Z"}}, now)
+    assert not worth_a_closer_look({"metadata": {"creationTimestamp": "2026-11-23T10:00:25Z"}}, now)
+    assert not worth_a_closer_look({"metadata": {}}, now)

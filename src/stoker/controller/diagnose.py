@@ -7,6 +7,7 @@ container's waiting reason) become one `Problem` each, for the VLLMService's Deg
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,20 @@ STUCK_WAITING_REASONS = frozenset(
         "CrashLoopBackOff",
     }
 )
+
+
+# A claim still Pending or a Job still without pods this long after creation is looked at closer (its
+# events read): younger ones are almost always just on their way, and a burst of new objects should not
+# cost an events query each.
+STUCK_AFTER_SECONDS = 10.0
+
+
+def worth_a_closer_look(obj: Manifest, now: dt.datetime) -> bool:
+    created = obj["metadata"].get("creationTimestamp")
+    if not created:
+        return False
+    age = now - dt.datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    return age.total_seconds() >= STUCK_AFTER_SECONDS
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ which reads the object fresh from the API server, so no decision depends on what
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -22,7 +23,13 @@ from pydantic import ValidationError
 from stoker.api import GROUP, VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
-from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, Problem, child_problems
+from stoker.controller.diagnose import (
+    STUCK_WAITING_REASONS,
+    ObservedChildren,
+    Problem,
+    child_problems,
+    worth_a_closer_look,
+)
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import main_container_status, parse_time, pod_is_ready
 from stoker.controller.ownership import (
@@ -346,18 +353,19 @@ class Reconciler:
         pods: list[Manifest],
     ) -> ObservedChildren:
         """What child_problems needs; events are read only for a claim still Pending or a Job without
-        pods, and the seed's pods only while it runs."""
+        pods, and the seed's pods only while it runs, each only once it had time to get going."""
+        now = dt.datetime.now(dt.UTC)
         claims = [obj for (kind, _), obj in live.items() if kind == "PersistentVolumeClaim" and obj]
         claim_events = {
             claim["metadata"]["uid"]: self.kube.events_about(
                 namespace, f"involvedObject.uid={claim['metadata']['uid']}"
             )
             for claim in claims
-            if (claim.get("status") or {}).get("phase") == "Pending"
+            if (claim.get("status") or {}).get("phase") == "Pending" and worth_a_closer_look(claim, now)
         }
         job_events: list[Manifest] = []
         seed_pods: list[Manifest] = []
-        if seed_job is not None and job_outcome(seed_job) == "running":
+        if seed_job is not None and job_outcome(seed_job) == "running" and worth_a_closer_look(seed_job, now):
             job_meta = seed_job["metadata"]
             seed_pods = self.kube.list_objects(
                 "v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job_meta['name']}"
