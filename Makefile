@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build lint unit e2e test demo demo-down crds docs
+.PHONY: venv cluster-build lint unit e2e test demo demo-down crds docs conformance-flags
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -26,6 +26,10 @@ unit: venv
 
 e2e: venv cluster-build
 	$(BIN)/pytest tests/e2e
+
+# stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
+conformance-flags: venv
+	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
 test: venv cluster-build lint

@@ -148,7 +148,6 @@ class Operator:
             cluster.env,
             STOKER_METRICS_PORT=str(self.metrics_port),
             STOKER_LIVENESS_PORT=str(self.liveness_port),
-            STOKER_BIND_ADDRESS="127.0.0.1",
             STOKER_DRIFT_INTERVAL_SECONDS="5",
             STOKER_STANDBY_DRAIN_SECONDS="1",
             STOKER_CONTROL_KEY="e2e-control-key",

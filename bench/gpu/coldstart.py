@@ -2,7 +2,8 @@
 
 Per repetition, in this order: `stock` (plain `vllm serve`, empty caches), `stoker-seed` (the seed Job's
 invocation, run until /health answers, then stopped), then each serving profile (`stoker` and the levers in
-profiles.VARIANTS) on a fresh copy of the cache the seed left. Before every start the page cache is dropped
+profiles.VARIANTS) on a fresh copy of the cache the seed left (the seed also gets the variables a lever
+names as its seed_env). Before every start the page cache is dropped
 and the container-local JIT caches are wiped, as for a new pod on a new node. Ready time is the first 200
 from /health, counted from process start; then one completion (latency) and one streamed 256-token
 completion (decode tokens/s), so no profile buys startup with serving speed unnoticed.
@@ -31,7 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from profiles import Invocation, load_service, seed_invocation, serve_invocation, stock_invocation
+from profiles import (
+    DEFAULT_PROFILE,
+    Invocation,
+    load_service,
+    seed_invocation,
+    serve_invocation,
+    stock_invocation,
+)
 
 # The host's home: vLLM installed under site/, its `vllm` script under bin/ (see setup.sh).
 HOME = Path(os.environ.get("BENCH_HOME", "/root"))
@@ -270,15 +278,19 @@ class Budget:
         self.stop_after_s = stop_after_s
         self.longest: dict[str, float] = dict(DEFAULT_ESTIMATE_S)
 
-    def allows(self, name: str) -> bool:
-        return time.monotonic() - self.start + self.longest.get(name, 90.0) < self.stop_after_s
+    def allows(self, name: str, reserve: list[str]) -> bool:
+        """Whether `name` ends before the stop time and still leaves room for the runs in `reserve`."""
+        planned = sum(self.longest.get(later, 90.0) for later in [name, *reserve])
+        return time.monotonic() - self.start + planned < self.stop_after_s
 
     def record(self, name: str, seconds: float) -> None:
         self.longest[name] = max(self.longest.get(name, 0.0), seconds + 10)
 
 
-def run(name: str, rep: int, inv: Invocation, out: Path, budget: Budget, role: str) -> dict[str, Any] | None:
-    if not budget.allows(name):
+def run(
+    name: str, rep: int, inv: Invocation, out: Path, budget: Budget, role: str, reserve: list[str]
+) -> dict[str, Any] | None:
+    if not budget.allows(name, reserve):
         print(json.dumps({"profile": name, "repetition": rep, "skipped": "time budget"}), flush=True)
         return None
     dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve")
@@ -334,22 +346,26 @@ def main() -> None:
     os.environ["PYTHONPATH"] = f"{HOME}/site"
     host_facts(out)
     svc = load_service(args.manifest)
-    seed = seed_invocation(svc)
-    budget = Budget(args.stop_after)
     profiles, repetitions = args.profiles.split(","), args.repetitions
+    # One seed for the whole run: a plan override that drops a lever later leaves the seed as it was.
+    seed = seed_invocation(svc, tuple(profiles))
+    budget = Budget(args.stop_after)
+    # The runs every repetition needs; a lever runs only if the later repetitions' required runs still fit.
+    required = ([] if args.skip_stock else ["stock"]) + ["stoker-seed", DEFAULT_PROFILE]
     rep = args.first_repetition
     while rep <= repetitions:
         if PLAN_OVERRIDE.exists():
             plan = json.loads(PLAN_OVERRIDE.read_text())
             profiles, repetitions = plan.get("profiles", profiles), plan.get("repetitions", repetitions)
         if not args.skip_stock:
-            run("stock", rep, stock_invocation(svc), out, budget, role="stock")
-        seeded = run("stoker-seed", rep, seed, out, budget, role="seed")
+            run("stock", rep, stock_invocation(svc), out, budget, "stock", reserve=[])
+        seeded = run("stoker-seed", rep, seed, out, budget, "seed", reserve=[])
         if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
             shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
             shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
             for name in profiles:
-                run(name, rep, serve_invocation(svc, name), out, budget, role="serve")
+                reserve = [] if name == DEFAULT_PROFILE else required * (repetitions - rep)
+                run(name, rep, serve_invocation(svc, name), out, budget, "serve", reserve)
         rep += 1
     print("done", flush=True)
 

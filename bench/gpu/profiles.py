@@ -23,6 +23,9 @@ COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
 # docs/benchmarks/gpu-coldstart.md); "stoker-spawn" keeps vLLM's CLI default for comparison.
 SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+STARTUP_PLAN = {"VLLM_ENABLE_STARTUP_PLAN": "1"}
+# Exactly what the operator renders; every other serving profile is a lever on top of it.
+DEFAULT_PROFILE = "stoker"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     compilation: dict[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    # Also set on the seed, for a lever that reads what the seed wrote. Only variables outside vLLM's
+    # compile-cache key belong here: the other profiles share the seed and must still hit its cache.
+    seed_env: dict[str, str] = field(default_factory=dict)
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
     note: str = ""
@@ -41,7 +47,7 @@ class Variant:
 # VLLM_WORKER_MULTIPROC_METHOD is on vLLM's list of variables left out of the compile-cache key, and
 # compilation mode 0 does not compile, so it neither reads nor needs a compile cache.
 VARIANTS: dict[str, Variant] = {
-    "stoker": Variant(note="exactly what the operator renders"),
+    DEFAULT_PROFILE: Variant(note="exactly what the operator renders"),
     "stoker-spawn": Variant(
         env=SPAWN,
         note="the engine process spawned by a fresh interpreter that imports everything again (vLLM's CLI "
@@ -59,6 +65,14 @@ VARIANTS: dict[str, Variant] = {
         extra_args=("--enable-sleep-mode",),
         sleep_check=True,
         note="sleep mode: sleep level 1, wake up, serve",
+    ),
+    # vLLM >= 0.26: the seed saves its memory-profiling result under VLLM_CACHE_ROOT/startup_plan/, a
+    # serving start with a matching fingerprint applies it and skips memory profiling. The variable is on
+    # vLLM's list of variables left out of the compile-cache key (envs.compile_factors, 0.26.0).
+    "stoker-plan": Variant(
+        env=STARTUP_PLAN,
+        seed_env=STARTUP_PLAN,
+        note="the seed's persisted startup plan: memory profiling and CUDA-graph memory estimation skipped",
     ),
 }
 
@@ -115,14 +129,16 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     )
 
 
-def seed_engine_invocation(svc: VLLMService) -> Invocation:
-    """The seed's `vllm serve` alone, without the Job's wrapper (seedwarmup.py times the warm-up itself)."""
-    return _rendered(svc, "seed", VARIANTS["stoker"])
+def seed_engine_invocation(svc: VLLMService, profiles: tuple[str, ...] = ()) -> Invocation:
+    """The seed's `vllm serve` alone, without the Job's wrapper (seedwarmup.py times the warm-up itself),
+    with the seed environment that the serving `profiles` ask for."""
+    seed_env = {key: value for name in profiles for key, value in VARIANTS[name].seed_env.items()}
+    return _rendered(svc, "seed", Variant(env=seed_env))
 
 
-def seed_invocation(svc: VLLMService) -> Invocation:
-    """Exactly what the seed Job runs: the wrapper around the seed's `vllm serve`."""
-    engine = seed_engine_invocation(svc)
+def seed_invocation(svc: VLLMService, profiles: tuple[str, ...] = ()) -> Invocation:
+    """What the seed Job runs: the wrapper around the seed's `vllm serve` (plus the profiles' seed_env)."""
+    engine = seed_engine_invocation(svc, profiles)
     wrapped = render_seed_invocation(svc)
     return dataclasses.replace(engine, argv=[*wrapped.command, *wrapped.args], exits_by_itself=True)
 

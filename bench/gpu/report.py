@@ -4,8 +4,9 @@ Every log is parsed with `stoker.phases.parse_log`, the parser the operator runs
 in the results are the ones the operator would report. Needs matplotlib for the chart.
 
 usage: PYTHONPATH=src python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchmarks/gpu-coldstart.md]
-  RUN_DIR holds runs.jsonl, host.json, model.json and logs/ (as coldstart.py writes them); NAME is the
-  results' base name, e.g. coldstart-h100: bench/results/NAME.json, NAME.png, NAME-logs/.
+  RUN_DIR holds runs.jsonl, host.json, model.json and logs/ (as coldstart.py writes them), and driver*.log
+  if there is one; NAME is the results' base name, e.g. coldstart-h100-v0.26.0: bench/results/NAME.json,
+  NAME.png, NAME-logs/. --doc replaces the table between `<!-- results-table:NAME:begin -->` and `:end -->`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from profiles import DEFAULT_PROFILE
+
 from stoker.phases import ENGINE_PHASES, parse_log
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -26,7 +29,6 @@ SERVER_UP = "serverUp"
 # The seed Job's run: its ready time is how long seeding takes, not a start to compare with stock.
 SEED = "stoker-seed"
 CHART_PHASES = (*ENGINE_PHASES, SERVER_UP)
-TABLE_BEGIN, TABLE_END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
 MODEL = (
     "synthetic Llama-3.1-8B-shaped checkpoint (32 layers, hidden 4096, GQA 32/8, vocab 128256, bf16, "
     "random weights; bench/gpu/make_model.py)"
@@ -66,7 +68,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for profile, group in by_profile.items():
         times = [r["readySeconds"] for r in group]
         reps = [r["repetition"] for r in group]
-        paired = [ready[("stock", rep)] / ready[(profile, rep)] for rep in reps if ("stock", rep) in ready]
+        paired = [ready[("stock", rep)] / ready[(profile, rep)] for rep in reps if ready.get(("stock", rep))]
         rates = [r["decodeTokensPerSecond"] for r in group if r["decodeTokensPerSecond"]]
         decode_change = [
             decode[(profile, rep)] / decode[("stoker", rep)] - 1
@@ -76,6 +78,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         summary[profile] = {
             "runs": len(group),
             "readySecondsMean": round(statistics.mean(times), 2),
+            "readySecondsMedian": round(statistics.median(times), 2),
+            "readySeconds": times,
             "readySecondsMin": min(times),
             "readySecondsMax": max(times),
             "stockOverProfilePaired": [round(x, 3) for x in paired],
@@ -89,6 +93,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "decodeTokensPerSecondMean": round(statistics.mean(rates), 2) if rates else None,
             "decodeChangeVsStokerPaired": [round(x, 4) for x in decode_change],
         }
+    if "stock" in summary:
+        stock_median = summary["stock"]["readySecondsMedian"]
+        for entry in summary.values():
+            entry["stockOverProfileMedians"] = round(stock_median / entry["readySecondsMedian"], 3)
     return summary
 
 
@@ -139,9 +147,9 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
     head = (
         "| profile | runs | ready (s), mean [min-max] | stock ÷ profile | imports | model info "
         "| engine start | weights | Dynamo + compile | profiling | graphs | API up | compile cache "
-        "| first completion (s) | decode tok/s (vs stoker) |"
+        "| first completion (s) | decode tok/s (vs stoker) | ready (s), median | stock ÷ profile (medians) |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 17]
     for profile, s in summary.items():
         p = s["phasesMean"]
         shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
@@ -150,12 +158,14 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
         versus = f" ({statistics.mean(change) * 100:+.1f}%)" if change and profile != "stoker" else ""
         decode = f"{s['decodeTokensPerSecondMean']}{versus}" if s["decodeTokensPerSecondMean"] else "—"
         first = f"{s['firstCompletionSecondsMean']:.2f}" if s["firstCompletionSecondsMean"] else "—"
+        of_medians = f"{s['stockOverProfileMedians']:.2f}x" if shown else "—"
         lines.append(
             f"| {profile} | {s['runs']} | {s['readySecondsMean']:.1f} [{s['readySecondsMin']:.1f}-"
             f"{s['readySecondsMax']:.1f}] | {ratio} | {p['bootstrap']:.1f} | {p['modelInfo']:.1f} "
             f"| {p['engineStart']:.1f} | {p['weightLoad']:.1f} | {p['dynamo'] + p['compile']:.1f} "
             f"| {p['profiling']:.1f} | {p['graphCapture']:.1f} | {p['apiReady'] + p[SERVER_UP]:.1f} "
-            f"| {', '.join(s['compileCache'])} | {first} | {decode} |"
+            f"| {', '.join(s['compileCache'])} | {first} | {decode} | {s['readySecondsMedian']:.1f} "
+            f"| {of_medians} |"
         )
     return "\n".join(lines)
 
@@ -165,7 +175,7 @@ def main() -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("name")
     parser.add_argument("--doc", type=Path, help="markdown file whose results table to replace")
-    parser.add_argument("--title", default="vLLM 0.22.1 cold start, 8B model, H100 80GB, page cache dropped")
+    parser.add_argument("--title", help="chart title (default: the vLLM version and GPU of host.json)")
     args = parser.parse_args()
     records = [json.loads(line) for line in (args.run_dir / "runs.jsonl").read_text().splitlines() if line]
     logs_out = RESULTS / f"{args.name}-logs"
@@ -180,7 +190,8 @@ def main() -> None:
             gzip.open(logs_out / f"{log_name}.gz", "wb") as dst,
         ):
             shutil.copyfileobj(src, dst)
-    for raw in ("runs.jsonl", "host.json", "model.json"):
+    # driver*.log: the driver's own output, one file per invocation when a run was extended.
+    for raw in ["runs.jsonl", "host.json", "model.json", *(p.name for p in args.run_dir.glob("driver*.log"))]:
         shutil.copy(args.run_dir / raw, logs_out / raw)
     if (args.run_dir / "importtime.txt").exists():
         with (
@@ -195,20 +206,24 @@ def main() -> None:
         "gpu": host["gpu"],
         "model": {"description": MODEL, "bytes": model["bytes"]},
         "vllm": host["vllm"],
+        "default": DEFAULT_PROFILE,
         "host": host,
         "profiles": {r["profile"]: {"argv": r["argv"], "env": r["env"]} for r in records},
         "summary": summary,
         "runs": runs,
     }
     (RESULTS / f"{args.name}.json").write_text(json.dumps(document, indent=1) + "\n")
-    chart(summary, args.title, RESULTS / f"{args.name}.png")
+    gpu = host["gpu"].split(",")[0]
+    title = args.title or f"vLLM {host['vllm']} cold start, 8B model, {gpu}, page cache dropped"
+    chart(summary, title, RESULTS / f"{args.name}.png")
     markdown = table(summary)
     print(markdown)
     if args.doc:
+        begin, end = f"<!-- results-table:{args.name}:begin -->", f"<!-- results-table:{args.name}:end -->"
         text = args.doc.read_text()
-        before, rest = text.split(TABLE_BEGIN, 1)
-        _, after = rest.split(TABLE_END, 1)
-        args.doc.write_text(f"{before}{TABLE_BEGIN}\n{markdown}\n{TABLE_END}{after}")
+        before, rest = text.split(begin, 1)
+        _, after = rest.split(end, 1)
+        args.doc.write_text(f"{before}{begin}\n{markdown}\n{end}{after}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the GPU host: reassemble the offline vLLM bundle (parts of /work/shared/gpu/build-bundle.sh, copied
+# On the GPU host: reassemble the offline vLLM bundle (parts of bench/gpu/bundle/build.sh, copied
 # one per device call into /root/stage), install it into /root/site with bytecode (a real image ships
 # bytecode; without it every import compiles), and put a `vllm` console script on /root/bin, as pip does.
 set -euo pipefail

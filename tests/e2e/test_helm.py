@@ -83,6 +83,8 @@ def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
         "metrics.port=0",
         "operator.logLevel=TRACE",
         "watchNamespaces={Bad_NS}",
+        "metrics.bindAddress=everywhere",
+        "liveness.bindAddress=300.1.1.1",
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Helm, bad: str) -> None:
@@ -116,6 +118,38 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["STOKER_METRICS_PORT"] == "8080" and env["STOKER_LIVENESS_PORT"] == "8081"
     assert env["STOKER_NAMESPACES"] == "[]"
+
+
+def bind_addresses(helm: Helm, *values: str) -> dict[str, Any]:
+    """Each STOKER_*_BIND_ADDRESS of the operator container: a literal value or the downward-API field."""
+    (deployment,) = of_kind(rendered(helm, *values), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {
+        item["name"]: item.get("value") or item["valueFrom"]["fieldRef"]["fieldPath"]
+        for item in container["env"]
+        if item["name"].endswith("_BIND_ADDRESS")
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "metrics", "liveness"),
+    [
+        # The kubelet probes liveness at the pod IP; Prometheus scrapes metrics there through the Service.
+        ([], "status.podIP", "status.podIP"),
+        # Nothing scrapes: metrics stay on loopback (kubectl port-forward still reaches them).
+        (["--set", "metrics.service.enabled=false"], "127.0.0.1", "status.podIP"),
+        (["--set", "serviceMonitor.enabled=true"], "status.podIP", "status.podIP"),
+        (["--set", "metrics.bindAddress=0.0.0.0", "--set", "liveness.bindAddress=::"], "0.0.0.0", "::"),
+        (["--set", "metrics.bindAddress=127.0.0.1"], "127.0.0.1", "status.podIP"),
+    ],
+)
+def test_operator_endpoints_bind_where_they_are_needed(
+    helm: Helm, values: list[str], metrics: str, liveness: str
+) -> None:
+    assert bind_addresses(helm, *values) == {
+        "STOKER_METRICS_BIND_ADDRESS": metrics,
+        "STOKER_LIVENESS_BIND_ADDRESS": liveness,
+    }
 
 
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -96,3 +96,31 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
   resources: ["events"]
   verbs: ["list", "create"]
 {{- end -}}
+
+{{/*
+Where the metrics endpoint listens (it has no authentication): metrics.bindAddress if set; otherwise the
+pod IP when the metrics Service (which a ServiceMonitor needs) sends scrapes there, else loopback.
+*/}}
+{{- define "stoker.metricsBindAddress" -}}
+{{- if .Values.metrics.bindAddress -}}
+{{- .Values.metrics.bindAddress -}}
+{{- else if .Values.metrics.service.enabled -}}
+podIP
+{{- else -}}
+127.0.0.1
+{{- end -}}
+{{- end }}
+
+{{/*
+One STOKER_*_BIND_ADDRESS variable: "podIP" becomes the pod's IP from the downward API.
+*/}}
+{{- define "stoker.bindAddressEnv" -}}
+- name: {{ .name }}
+{{- if eq .address "podIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- else }}
+  value: {{ .address | quote }}
+{{- end }}
+{{- end }}

@@ -15,6 +15,20 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict, JsonValue
 
+from stoker.api.flags import (
+    API_KEY_ENV,
+    API_KEY_REGEX,
+    FIRST_ARG_REGEX,
+    JSON_LONG_FLAGS,
+    JSON_SHORT_FLAGS,
+    OWNED_FLAG_REGEX,
+    OWNED_JSON_KEYS,
+    OWNED_LONG_FLAGS,
+    OWNED_SHORT_FLAGS,
+    sets_api_key,
+    sets_owned_flag,
+)
+
 GROUP = "stoker.dev"
 VERSION = "v1alpha1"
 KIND = "VLLMService"
@@ -28,41 +42,6 @@ DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 # The seed Job is named `<name>-seed-<10 hex>` and its pods carry that name in a 63-character label.
 MAX_NAME_LENGTH = 47
-
-# Flags whose values stoker sets itself (from spec fields) or that would break probes, the seed or the
-# cache key's bookkeeping. vLLM's parser accepts `_` for `-` inside long flags, so both are denied.
-OWNED_FLAGS = (
-    "--model",
-    "--port",
-    "--host",
-    "--uds",
-    "--served-model-name",
-    "--revision",
-    "--max-model-len",
-    "--gpu-memory-utilization",
-    "--tensor-parallel-size",
-    "-tp",
-    "--load-format",
-    "--model-loader-extra-config",
-    "--cudagraph-capture-sizes",
-    "--max-cudagraph-capture-size",
-    "--enforce-eager",
-    "--no-enforce-eager",
-    "-cc.cudagraph_capture_sizes",
-    "-cc.max_cudagraph_capture_size",
-)
-
-
-def _flag_pattern(flag: str) -> str:
-    # No backslashes: the pattern sits inside a CEL string literal, where `\.` is not a valid escape.
-    pattern = flag.replace(".", "[.]")
-    if flag.startswith("--"):
-        pattern = "--" + pattern[2:].replace("-", "[-_]")
-    return pattern
-
-
-# RE2 (CEL) and Python `re` agree on this syntax.
-OWNED_FLAG_REGEX = "^(" + "|".join(_flag_pattern(f) for f in OWNED_FLAGS) + ")(=.*)?$"
 
 # Environment variables stoker sets on the engine container; a user value would split seed and serving
 # pods or move the caches off the volume.
@@ -193,7 +172,22 @@ class ModelSource(_Model):
         return self
 
 
+_NAME_IS_FLAG = "model.name must not start with '-' (vLLM would read it as a flag)"
+_SERVED_NAME_IS_FLAG = "model.servedModelName must not start with '-' (vLLM would read it as a flag)"
+
+
 class ModelSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel("!self.name.startsWith('-')", _NAME_IS_FLAG, ".name"),
+            _cel(
+                "!has(self.servedModelName) || !self.servedModelName.startsWith('-')",
+                _SERVED_NAME_IS_FLAG,
+                ".servedModelName",
+            ),
+        )
+    )
+
     name: str = Field(
         min_length=1,
         max_length=256,
@@ -202,6 +196,14 @@ class ModelSpec(_Model):
     revision: str | None = Field(default=None, min_length=1, max_length=256)
     served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
     source: ModelSource = Field(default_factory=lambda: ModelSource(hugging_face=HuggingFaceSource()))
+
+    @model_validator(mode="after")
+    def _not_flags(self) -> ModelSpec:
+        if self.name.startswith("-"):
+            raise ValueError(_NAME_IS_FLAG)
+        if self.served_model_name is not None and self.served_model_name.startswith("-"):
+            raise ValueError(_SERVED_NAME_IS_FLAG)
+        return self
 
 
 class Toleration(_Model):
@@ -239,7 +241,14 @@ class EnvVar(_Model):
 
 
 _TP_DIVIDES_GPUS = "tensorParallelSize must divide gpus"
-_NO_OWNED_FLAGS = "extraArgs must not set flags stoker owns: " + ", ".join(OWNED_FLAGS)
+_NO_OWNED_FLAGS = (
+    "extraArgs must not set flags stoker owns, in any spelling or abbreviation vLLM accepts: "
+    + ", ".join(f"--{flag}" for flag in OWNED_LONG_FLAGS)
+    + "".join(f", -{flag}" for flag in OWNED_SHORT_FLAGS)
+    + "".join(f", --{flag} as a JSON value" for flag in JSON_LONG_FLAGS)
+    + "".join(f" or the dotted keys -{flag}.{{{','.join(OWNED_JSON_KEYS)}}}" for flag in JSON_SHORT_FLAGS)
+)
+_FIRST_ARG_IS_FLAG = "extraArgs must start with a flag (a bare value would extend stoker's own last flag)"
 _NO_OWNED_ENV = "env must not set variables stoker owns: " + ", ".join(OWNED_ENV)
 _UNIQUE_ENV = "env names must be unique"
 
@@ -259,6 +268,12 @@ class RuntimeSpec(_Model):
             _cel(
                 f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
                 _NO_OWNED_FLAGS,
+                ".extraArgs",
+            ),
+            _cel(
+                f"!has(self.extraArgs) || size(self.extraArgs) == 0"
+                f" || self.extraArgs[0].matches('{FIRST_ARG_REGEX}')",
+                _FIRST_ARG_IS_FLAG,
                 ".extraArgs",
             ),
             _cel(
@@ -294,8 +309,10 @@ class RuntimeSpec(_Model):
     def _cross_field(self) -> RuntimeSpec:
         if self.tensor_parallel_size and self.gpus % self.tensor_parallel_size:
             raise ValueError(_TP_DIVIDES_GPUS)
-        if any(re.match(OWNED_FLAG_REGEX, arg) for arg in self.extra_args):
+        if any(sets_owned_flag(arg) for arg in self.extra_args):
             raise ValueError(_NO_OWNED_FLAGS)
+        if self.extra_args and not re.match(FIRST_ARG_REGEX, self.extra_args[0]):
+            raise ValueError(_FIRST_ARG_IS_FLAG)
         names = [env.name for env in self.env]
         if set(names) & set(OWNED_ENV):
             raise ValueError(_NO_OWNED_ENV)
@@ -437,6 +454,11 @@ class ColdStartSpec(_Model):
 _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
 _S3_NEEDS_STREAMER = "model.source.s3 needs coldStart.loader.format runai_streamer or auto"
 _S3_FORMATS = ("runai_streamer", "auto")
+# The operator's wake-up check sends a completion without a key; a key would fail every wake (401).
+_STANDBY_API_KEY = "coldStart.standby does not work with an API key: remove --api-key from runtime.extraArgs"
+_STANDBY_API_KEY_ENV = (
+    f"coldStart.standby does not work with an API key: remove {API_KEY_ENV} from runtime.env"
+)
 
 
 class VLLMServiceSpec(_Model):
@@ -452,6 +474,18 @@ class VLLMServiceSpec(_Model):
                 _S3_NEEDS_STREAMER,
                 ".coldStart.loader.format",
             ),
+            _cel(
+                "!has(self.coldStart.standby) || !has(self.runtime.extraArgs)"
+                f" || self.runtime.extraArgs.all(a, !a.matches('{API_KEY_REGEX}'))",
+                _STANDBY_API_KEY,
+                ".runtime.extraArgs",
+            ),
+            _cel(
+                "!has(self.coldStart.standby) || !has(self.runtime.env)"
+                f" || self.runtime.env.all(e, e.name != '{API_KEY_ENV}')",
+                _STANDBY_API_KEY_ENV,
+                ".runtime.env",
+            ),
         )
     )
 
@@ -465,6 +499,11 @@ class VLLMServiceSpec(_Model):
             raise ValueError(_MODEL_CACHE_NEEDS_HF)
         if self.model.source.s3 is not None and self.cold_start.loader.format not in _S3_FORMATS:
             raise ValueError(_S3_NEEDS_STREAMER)
+        if self.cold_start.standby is not None:
+            if any(sets_api_key(arg) for arg in self.runtime.extra_args):
+                raise ValueError(_STANDBY_API_KEY)
+            if any(var.name == API_KEY_ENV for var in self.runtime.env):
+                raise ValueError(_STANDBY_API_KEY_ENV)
         return self
 
 

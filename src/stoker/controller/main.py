@@ -38,14 +38,12 @@ def main(argv: list[str]) -> int:
     handlers.register(queue)
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)
-    prometheus_client.start_http_server(settings.metrics_port, addr=settings.bind_address)
+    prometheus_client.start_http_server(settings.metrics_port, addr=str(settings.metrics_bind_address))
     logging.getLogger(__name__).info(
-        "Starting operator namespaces=%s metrics=%s:%d liveness=%s:%d",
+        "Starting operator namespaces=%s metrics=%s liveness=%s",
         settings.namespaces or "all",
-        settings.bind_address,
-        settings.metrics_port,
-        settings.bind_address,
-        settings.liveness_port,
+        f"{settings.metrics_bind_address}:{settings.metrics_port}",
+        settings.liveness_endpoint,
     )
     try:
         asyncio.run(
@@ -54,7 +52,7 @@ def main(argv: list[str]) -> int:
                 standalone=True,
                 clusterwide=not settings.namespaces,
                 namespaces=settings.namespaces,
-                liveness_endpoint=f"http://{settings.bind_address}:{settings.liveness_port}/healthz",
+                liveness_endpoint=settings.liveness_endpoint,
             )
         )
     finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from ipaddress import IPv4Address, IPv6Address
+
+from pydantic import Field, IPvAnyAddress, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -15,7 +17,12 @@ class OperatorSettings(BaseSettings):
     drift_interval_seconds: float = Field(30.0, gt=0, description="How often every object is re-checked.")
     metrics_port: int = Field(8080, ge=1, le=65535)
     liveness_port: int = Field(8081, ge=1, le=65535)
-    bind_address: str = Field("0.0.0.0", description="Address the metrics and liveness servers listen on.")
+    # Loopback unless told otherwise: neither endpoint authenticates. The chart binds liveness to the pod
+    # IP (the kubelet probes it there) and metrics to the pod IP only when something scrapes them.
+    metrics_bind_address: IPvAnyAddress = Field(IPv4Address("127.0.0.1"), description="Metrics listen here.")
+    liveness_bind_address: IPvAnyAddress = Field(
+        IPv4Address("127.0.0.1"), description="Liveness listens here."
+    )
     field_manager: str = Field("stoker", min_length=1)
     max_log_bytes: int = Field(8 * 1024 * 1024, ge=4096, description="Bound on one pod log read.")
     startup_history: int = Field(20, ge=1, le=100, description="Startup samples kept in status.")
@@ -31,3 +38,8 @@ class OperatorSettings(BaseSettings):
     )
     standby_sleep_timeout_seconds: float = Field(300.0, gt=0, description="Bound on one /sleep call.")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @property
+    def liveness_endpoint(self) -> str:
+        host = self.liveness_bind_address
+        return f"http://{f'[{host}]' if isinstance(host, IPv6Address) else host}:{self.liveness_port}/healthz"

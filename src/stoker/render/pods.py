@@ -20,6 +20,12 @@ ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
 HEALTH_PATH = "/health"
 GPU_RESOURCE = "nvidia.com/gpu"
+# The user stoker's runtime image runs as (Dockerfile, target runtime); HOME=/home/vllm is theirs.
+ENGINE_UID = 1000
+ENGINE_GID = 1000
+# Pod Security `restricted` wants these on every container (init containers too); runAsNonRoot and the
+# seccomp profile are set once for the pod.
+CONTAINER_SECURITY_CONTEXT: Json = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 # A cold start compiles for minutes; the startup probe must outlast the slowest one (here 30 min).
 STARTUP_PROBE_PERIOD_SECONDS = 10
 STARTUP_PROBE_FAILURE_THRESHOLD = 180
@@ -42,20 +48,31 @@ def _hf_token_env(svc: VLLMService) -> list[Json]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def _control_token_env(svc: VLLMService) -> list[Json]:
-    if svc.spec.cold_start.standby is None:
+def _control_token_env(svc: VLLMService, role: Role) -> list[Json]:
+    # Only the operator calls the guarded endpoints, and only on serving pods; the seed never needs it.
+    if svc.spec.cold_start.standby is None or role == "seed":
         return []
     ref = {"name": control_secret_name(svc.name), "key": CONTROL_TOKEN_KEY}
     return [{"name": CONTROL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}]
 
 
-def _secret_env(svc: VLLMService) -> list[Json]:
+def _secret_env(svc: VLLMService, role: Role) -> list[Json]:
     user_env = [
         {"name": var.name, "valueFrom": copy.deepcopy(var.value_from)}
         for var in svc.spec.runtime.env
         if var.value_from
     ]
-    return _hf_token_env(svc) + _control_token_env(svc) + user_env
+    return _hf_token_env(svc) + _control_token_env(svc, role) + user_env
+
+
+def _literal(text: str) -> str:
+    """`text` as the process must see it: the kubelet expands `$(VAR)` in command, args and env values
+    (Secret-sourced variables included), and `$$` is its escape for `$`."""
+    return text.replace("$", "$$")
+
+
+def _env(plain: dict[str, str], secret: list[Json]) -> list[Json]:
+    return [{"name": name, "value": _literal(value)} for name, value in plain.items()] + secret
 
 
 def _env_from(svc: VLLMService) -> list[Json]:
@@ -115,10 +132,13 @@ def _download_container(svc: VLLMService, invocation: EngineInvocation, mounts: 
     return {
         "name": DOWNLOAD_CONTAINER,
         "image": invocation.image,
-        "command": ["python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or ""],
-        "env": [{"name": "HF_HOME", "value": MODEL_CACHE_MOUNT_PATH}, *_hf_token_env(svc)],
+        "command": [
+            _literal(arg)
+            for arg in ("python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or "")
+        ],
+        "env": _env({"HF_HOME": MODEL_CACHE_MOUNT_PATH}, _hf_token_env(svc)),
         "volumeMounts": [dict(m) for m in mounts if m["name"] == "model-cache"],
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
 
 
@@ -126,13 +146,13 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
     container: Json = {
         "name": ENGINE_CONTAINER,
         "image": invocation.image,
-        "command": invocation.command,
-        "args": invocation.args,
-        "env": [{"name": name, "value": value} for name, value in invocation.env.items()] + _secret_env(svc),
+        "command": [_literal(arg) for arg in invocation.command],
+        "args": [_literal(arg) for arg in invocation.args],
+        "env": _env(invocation.env, _secret_env(svc, role)),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "resources": _resources(svc),
         "volumeMounts": mounts,
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     env_from = _env_from(svc)
     if env_from:
@@ -153,8 +173,15 @@ def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation) -> Json
         # Service links inject `<SERVICE>_PORT`-style variables; a Service named `vllm` would set VLLM_PORT,
         # which vLLM reads, and any VLLM_* variable can split the compile-cache key between seed and pods.
         "enableServiceLinks": False,
-        # Lets a non-root engine write the cache volumes; OnRootMismatch avoids a recursive chown per mount.
-        "securityContext": {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": ENGINE_UID,
+            "runAsGroup": ENGINE_GID,
+            # Lets the engine write the cache volumes; OnRootMismatch avoids a recursive chown per mount.
+            "fsGroup": ENGINE_GID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     if svc.spec.cold_start.model_cache.enabled:
         spec["initContainers"] = [_download_container(svc, invocation, mounts)]

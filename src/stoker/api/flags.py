@@ -1,0 +1,111 @@
+"""Which `extraArgs` set a flag stoker owns, in every spelling vLLM's argument parser accepts.
+
+vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py, the same in 0.22.1, 0.26.0 and 0.33.0) on top
+of Python's argparse accepts, for a long flag `--tensor-parallel-size`:
+- any unique prefix (`--tensor-par`, argparse's abbreviations; an ambiguous prefix is an error),
+- `_` for `-` in the name (`--tensor_parallel-size`), with the value after `=` or in the next argument,
+- a dotted key (`--name.key value`), which it turns into `--name '{"key": value}'`;
+for a short alias (`-tp`, `-cc`) any prefix, `=`, and dotted keys; `--config FILE` reads any flag from a
+YAML file. `-O<level>` (`--optimization-level`) is left to the user: it tunes compilation the same way for
+the seed and the serving pods, and explicit capture sizes still win.
+
+One regular expression, built here from the data below, decides: the CRD's CEL rule and the pydantic
+validator both use `OWNED_FLAG_REGEX`, and `tests/conformance/test_owned_flags_parser.py` checks it against
+vLLM's real parser. Denying every prefix of an owned name is safe: a prefix that also starts a flag stoker
+does not own is ambiguous, which vLLM refuses anyway.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Long flags (without the leading `--`) stoker sets from spec fields, or that would move the server off
+# its probes, split the seed from the serving pods, or (config) read any of these from a file.
+OWNED_LONG_FLAGS = (
+    "model",
+    "port",
+    "host",
+    "uds",
+    "served-model-name",
+    "revision",
+    "max-model-len",
+    "gpu-memory-utilization",
+    "tensor-parallel-size",
+    "load-format",
+    "model-loader-extra-config",
+    "cudagraph-capture-sizes",
+    "max-cudagraph-capture-size",
+    "enforce-eager",
+    "no-enforce-eager",
+    "config",
+    # Standby needs sleep mode; 0.33 also spells its negation --disable-sleep-mode.
+    "no-enable-sleep-mode",
+    "disable-sleep-mode",
+)
+OWNED_SHORT_FLAGS = ("tp",)
+# JSON-valued flags: the whole JSON value could set anything and is denied; dotted keys
+# (`-cc.pass_config.fuse_norm_quant=true`) pass unless they set a key stoker owns.
+JSON_LONG_FLAGS = ("compilation-config",)
+JSON_SHORT_FLAGS = ("cc",)
+OWNED_JSON_KEYS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode")
+
+# `--api-key` guards every path but the health check; the operator's wake-up completion would get 401,
+# so with standby replicas it is refused (also as VLLM_API_KEY).
+API_KEY_FLAG = "api-key"
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def _prefixes(names: tuple[str, ...]) -> str:
+    """A regex matching every non-empty prefix of every name, `-` also spelled `_` (a trie of optionals)."""
+    children: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        if name:
+            children.setdefault(name[0], ())
+            children[name[0]] += (name[1:],)
+    branches = []
+    for char, rests in sorted(children.items()):
+        atom = "[-_]" if char == "-" else char
+        rest = _prefixes(rests)
+        branches.append(f"{atom}({rest})?" if rest else atom)
+    return "|".join(branches)
+
+
+def _owned_spellings() -> list[str]:
+    return [
+        # `--` alone and `--=x` too: argparse ends the options there, after stoker's list-valued flags.
+        f"--({_prefixes(OWNED_LONG_FLAGS)})?([=.].*)?",
+        f"-({_prefixes(OWNED_SHORT_FLAGS)})([=.].*)?",
+    ]
+
+
+def _json_spellings() -> list[str]:
+    keys = "|".join(key.replace("_", "[-_]") for key in OWNED_JSON_KEYS)
+    spellings = []
+    for flag in (f"--({_prefixes(JSON_LONG_FLAGS)})", f"-({_prefixes(JSON_SHORT_FLAGS)})"):
+        spellings += [f"{flag}(=.*)?", f"{flag}[.]({keys})([.+=].*)?"]
+    return spellings
+
+
+def _whole(spellings: list[str]) -> str:
+    # (?s): a newline inside an argument is still part of it. No backslashes: the regex sits inside a
+    # CEL string literal. RE2 (CEL) and Python's `re` agree on this syntax.
+    return "(?s)^(" + "|".join(spellings) + ")$"
+
+
+OWNED_FLAG_REGEX = _whole([*_owned_spellings(), *_json_spellings()])
+API_KEY_REGEX = _whole([f"--({_prefixes((API_KEY_FLAG,))})([=.].*)?"])
+# The first extra argument follows stoker's own flags; a bare value there would extend one of them
+# (`--cudagraph-capture-sizes 1 2 4` takes a list).
+FIRST_ARG_REGEX = "^--?[A-Za-z]"
+
+_OWNED = re.compile(OWNED_FLAG_REGEX)
+_API_KEY = re.compile(API_KEY_REGEX)
+
+
+def sets_owned_flag(arg: str) -> bool:
+    """Whether vLLM's parser could read `arg` as a flag stoker owns (or one it cannot tell apart)."""
+    return _OWNED.fullmatch(arg) is not None
+
+
+def sets_api_key(arg: str) -> bool:
+    return _API_KEY.fullmatch(arg) is not None

@@ -1,0 +1,224 @@
+"""The owned-flag rule against vLLM's own `vllm serve` parser (0.22.1, 0.26.0, 0.33.0).
+
+For each version, every prefix of every owned flag (with `-` and `_`, the value after `=` or in the next
+argument, with no value), dotted and JSON forms of `--compilation-config` / `-cc`, short aliases, `--config
+FILE` and bare values are appended to the arguments stoker renders, and vLLM's parser reads them
+(tests/conformance/vllm_serve_parse.py, run by a vLLM interpreter). Whenever a spelling changes a value
+stoker owns, stoker's validator (the pydantic model; the CRD's CEL rule is the same regex) must refuse it;
+a set of ordinary user flags must pass both.
+
+Where it runs: wherever a real vLLM CPU environment exists under ~/.cache/stoker/vllm (hack/vllm-venv on the
+`conformance` branch builds ~/.cache/stoker/vllm/<version>). A version without its own environment is
+parsed by the newest complete environment's interpreter (for torch, transformers, ...) with that
+version's pure-Python source first on PYTHONPATH; only the parser is built, nothing runs. To prepare one
+(0.22.1 needs `gguf` from PyPI beside it, 0.33.0 `orjson`):
+
+    pip download --no-deps vllm==0.22.1 -d /tmp/w
+    unzip -q /tmp/w/vllm-0.22.1-*.whl -x '*.so' 'vllm/third_party/*' 'vllm-*.dist-info/*' \\
+        -d ~/.cache/stoker/vllm/src/0.22.1
+    pip install --no-deps --target ~/.cache/stoker/vllm/src/0.22.1-deps gguf
+
+(the dist-info is left out so that vLLM's platform check reads the CPU environment's `+cpu` version).
+Without any environment the test is skipped with that reason; `make conformance-flags` sets
+STOKER_REQUIRE_CONFORMANCE=1, which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from stoker.api import VLLMService
+from stoker.api.flags import (
+    API_KEY_FLAG,
+    JSON_LONG_FLAGS,
+    JSON_SHORT_FLAGS,
+    OWNED_JSON_KEYS,
+    OWNED_LONG_FLAGS,
+    OWNED_SHORT_FLAGS,
+)
+from stoker.render import engine_invocation
+
+VERSIONS = ("0.22.1", "0.26.0", "0.33.0")
+VLLM_CACHE = Path(os.environ.get("STOKER_CACHE") or Path.home() / ".cache" / "stoker") / "vllm"
+RUNNER = Path(__file__).with_name("vllm_serve_parse.py")
+JSON_FLAG_DEST = "compilation_config"
+# Namespace entries stoker sets (or relies on) through the arguments it renders.
+OWNED_DESTS = {
+    "model_tag",
+    "model",
+    "port",
+    "host",
+    "uds",
+    "served_model_name",
+    "revision",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "load_format",
+    "model_loader_extra_config",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+    "enforce_eager",
+    "enable_sleep_mode",
+    *(f"{JSON_FLAG_DEST}.{key}" for key in OWNED_JSON_KEYS),
+}
+STANDBY_ONLY_DESTS = {"api_key"}
+# Values vLLM accepts for each flag, so that a spelling it maps to the flag parses.
+VALUES = {
+    "model": "other/model",
+    "port": "9001",
+    "host": "127.0.0.2",
+    "uds": "/tmp/other.sock",
+    "served-model-name": "other",
+    "revision": "v2",
+    "max-model-len": "1024",
+    "gpu-memory-utilization": "0.5",
+    "tensor-parallel-size": "2",
+    "load-format": "safetensors",
+    "model-loader-extra-config": '{"concurrency": 2}',
+    "cudagraph-capture-sizes": "8",
+    "max-cudagraph-capture-size": "8",
+    "compilation-config": '{"cudagraph_mode": "NONE", "max_cudagraph_capture_size": 8}',
+    "api-key": "secret",
+}
+KEY_VALUES = {"cudagraph_capture_sizes": "[8]", "max_cudagraph_capture_size": "8", "cudagraph_mode": "NONE"}
+BENIGN = [
+    ["--max-num-seqs", "64"],
+    ["--max_num_seqs=64"],
+    ["--enable-prefix-caching"],
+    ["--kv-cache-dtype", "fp8"],
+    ["--trust-remote-code"],
+    ["--model-impl", "vllm"],
+    ["--seed", "1"],
+    ["-O0"],
+    ["-q", "fp8"],
+    ["--dtype=bfloat16", "--max-num-batched-tokens", "8192"],
+]
+
+
+def vllm_environment(version: str) -> tuple[Path, dict[str, str]] | None:
+    """The interpreter that parses for `version`, and the PYTHONPATH it needs (see the module docstring)."""
+    own = VLLM_CACHE / version
+    if (own / ".complete").exists():
+        return own / "bin" / "python", {}
+    source = VLLM_CACHE / "src" / version
+    full = [m.parent for m in VLLM_CACHE.glob("*/.complete") if re.fullmatch(r"[0-9.]+", m.parent.name)]
+    if (source / "vllm").is_dir() and full:
+        newest = max(full, key=lambda venv: tuple(int(part) for part in venv.name.split(".")))
+        return newest / "bin" / "python", {"PYTHONPATH": f"{source}:{source}-deps"}
+    return None
+
+
+def manifest(extra_args: list[str], standby: bool) -> dict[str, Any]:
+    cold_start: dict[str, Any] = {"standby": {}} if standby else {}
+    return {
+        "metadata": {"name": "conformance"},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "runtime": {"extraArgs": extra_args},
+            "coldStart": cold_start,
+        },
+    }
+
+
+def accepted(extra_args: list[str], standby: bool) -> bool:
+    try:
+        VLLMService.model_validate(manifest(extra_args, standby))
+    except ValidationError:
+        return False
+    return True
+
+
+def rendered_argv(standby: bool) -> list[str]:
+    """`vllm serve` and the arguments stoker renders for a serving pod (before any extraArgs)."""
+    return ["serve", *engine_invocation(VLLMService.model_validate(manifest([], standby)), "serve").args]
+
+
+def candidates(config_file: Path) -> list[list[str]]:
+    spellings: list[list[str]] = [["128"], ["-1"], ["--", "8"], ["--port=9001\n"], ["--port", " 9001"]]
+    for name in (*OWNED_LONG_FLAGS, *JSON_LONG_FLAGS, API_KEY_FLAG):
+        value = str(config_file) if name == "config" else VALUES.get(name, "x")
+        for end in range(1, len(name) + 1):
+            for prefix in {name[:end], name[:end].replace("-", "_")}:
+                flag = f"--{prefix}"
+                spellings += [[flag], [flag, value], [f"{flag}={value}"]]
+    for name in OWNED_SHORT_FLAGS:
+        for end in range(1, len(name) + 1):
+            flag = f"-{name[:end]}"
+            spellings += [[flag, "2"], [f"{flag}=2"], [f"{flag}2"], [f"{flag}.x=2"]]
+    json_flags = [f"--{n[:end]}" for n in JSON_LONG_FLAGS for end in range(1, len(n) + 1)]
+    json_flags += [f"--{n.replace('-', '_')}" for n in JSON_LONG_FLAGS]
+    json_flags += [f"-{n[:end]}" for n in JSON_SHORT_FLAGS for end in range(1, len(n) + 1)]
+    json_flags += ["-O"]
+    for flag in json_flags:
+        spellings.append([flag, VALUES["compilation-config"]])
+        for key, value in KEY_VALUES.items():
+            for spelled in {key, key.replace("_", "-")}:
+                spellings += [[f"{flag}.{spelled}={value}"], [f"{flag}.{spelled}", value]]
+                spellings.append([f"{flag}.{spelled}+=8,16"])
+    spellings += [["-O3"], ["-O", "3"], ["-O.cudagraph_mode=NONE"], ["--config", str(config_file)]]
+    return spellings
+
+
+def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str] | None]:
+    environment = vllm_environment(version)
+    if environment is None:
+        reason = f"no vLLM environment for {version} under {VLLM_CACHE} (see this module's docstring)"
+        if os.environ.get("STOKER_REQUIRE_CONFORMANCE"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    python, extra_env = environment
+    request = {"argvs": argvs, "json_flag_dest": JSON_FLAG_DEST, "json_keys": list(OWNED_JSON_KEYS)}
+    result = subprocess.run(
+        [str(python), str(RUNNER)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **extra_env},
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and len(lines) == len(argvs), f"{python}: {result.stderr[-4000:]}"
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_spelling_vllm_maps_to_an_owned_value_is_refused(version: str, tmp_path: Path) -> None:
+    config_file = tmp_path / "stoker.yaml"
+    config_file.write_text("port: 9001\ntensor-parallel-size: 2\n")
+    spellings = candidates(config_file)
+    cases = [(standby, extra) for standby in (False, True) for extra in [[], *spellings, *BENIGN]]
+    parsed = parse_with_vllm(version, [rendered_argv(standby) + extra for standby, extra in cases])
+
+    baselines = {standby: parsed[i] for i, (standby, extra) in enumerate(cases) if not extra}
+    assert all(baselines.values()), "vLLM refused stoker's own arguments"
+    slipped, owned_hits = [], set()
+    for (standby, extra), namespace in zip(cases, parsed, strict=True):
+        if namespace is None or not extra:
+            continue  # vLLM refuses it: the pod would fail to start, but stoker's values hold
+        dests = OWNED_DESTS | (STANDBY_ONLY_DESTS if standby else set())
+        changed = {d for d in dests if namespace.get(d) != baselines[standby].get(d)}
+        if extra in BENIGN:
+            assert not changed, f"benign {extra} changed {changed} in vLLM {version}"
+            assert accepted(extra, standby), f"benign {extra} refused"
+        elif changed:
+            owned_hits.add(tuple(extra))
+            if accepted(extra, standby):
+                slipped.append((extra, sorted(changed), standby))
+    assert not slipped, f"vLLM {version} reads these as owned flags, stoker accepts them: {slipped}"
+    refused_by_vllm = sum(namespace is None for namespace in parsed)
+    print(
+        f"vLLM {version}: {len(cases)} argument lists, {refused_by_vllm} refused by vLLM,"
+        f" {len(owned_hits)} spellings reach a value stoker owns, all refused by stoker"
+    )
+    # The spellings from the issue are real: vLLM maps them to owned values, and they are refused above.
+    for spelling in (["--por=9001"], ["--load-form=safetensors"], ["--served-model=other"], ["128"]):
+        assert tuple(spelling) in owned_hits, f"{spelling} did not reach an owned value in vLLM {version}"

@@ -1,0 +1,49 @@
+"""Runs inside a vLLM environment (not stoker's): parses argument lists with vLLM's own `vllm serve` parser.
+
+Reads JSON from stdin, {"argvs": [[...], ...], "json_flag_dest": "compilation_config", "json_keys": [...]},
+and prints one JSON line per argv: null when vLLM refuses it, else the parsed namespace as
+{dest: repr(value)}, with the owned keys of the JSON-valued flag as `<dest>.<key>` entries.
+The parser is built the way `vllm` (vllm/entrypoints/cli/main.py) builds it, from the `serve` subcommand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+
+def serve_parser() -> FlexibleArgumentParser:
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    ServeSubcommand().subparser_init(subparsers)
+    return parser
+
+
+def key_value(config: object, key: str) -> object:
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    parser = serve_parser()
+    for argv in request["argvs"]:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                namespace = vars(parser.parse_args(list(argv)))
+        except (SystemExit, Exception):
+            print("null", flush=True)
+            continue
+        parsed = {dest: repr(value) for dest, value in namespace.items()}
+        config = namespace.get(request["json_flag_dest"])
+        for key in request["json_keys"]:
+            parsed[f"{request['json_flag_dest']}.{key}"] = repr(key_value(config, key))
+        print(json.dumps(parsed), flush=True)
+
+
+if __name__ == "__main__":
+    main()
