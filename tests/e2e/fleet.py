@@ -49,7 +49,11 @@ class Fleet:
                 for pod in pods:
                     ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
                     if ip and pod_name not in self.engines:
-                        self.engines[pod_name] = FakeEngineServer(FakeEngine(self.token), ip, PORT)
+                        self.engines[pod_name] = FakeEngineServer(self.new_engine(), ip, PORT)
+
+    def new_engine(self) -> FakeEngine:
+        """The engine a new pod gets; a subclass may make it fail."""
+        return FakeEngine(self.token)
 
     def pods(self) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=server"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stoker.standby import ServingPod, StandbyPlan, plan_standby
+from stoker.standby import ServingPod, StandbyPlan, plan_standby, replacement_delay
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
 DRAIN = 30.0
@@ -258,3 +258,15 @@ def test_no_wake_candidate_is_also_slept() -> None:
     result = plan(pods, wanted=1)
     assert names(result.wake_candidates) == ["best", "fallback"]
     assert not set(names(result.wake_candidates)) & set(names(result.sleep))
+
+
+def test_replacements_of_failing_pods_slow_down_to_a_bound():
+    delays = [replacement_delay(failures) for failures in range(1, 10)]
+    assert delays[:4] == [5.0, 10.0, 20.0, 40.0]
+    assert max(delays) == 300.0 and delays == sorted(delays)
+    # 120 s of pods that never sleep: at most 5 replacements (at 0, 5, 15, 35 and 75 s), not 23.
+    at, count = 0.0, 0
+    while at <= 120:
+        count += 1
+        at += replacement_delay(count)
+    assert count == 5

@@ -1,7 +1,10 @@
+import logging
 import threading
 import time
 
-from stoker.controller.workqueue import WorkQueue
+from kubernetes.client.exceptions import ApiException
+
+from stoker.controller.workqueue import GONE, WorkQueue
 
 
 class Recorder:
@@ -97,3 +100,39 @@ def test_urgent_keys_go_before_keys_already_due():
     settle(queue)
     assert [key[1] for key, _ in recorder.runs] == ["new", "b", "a", "c"]
     assert (("ns", "b"), True) in recorder.runs
+
+
+def test_every_key_is_resynced_each_interval_until_it_is_gone():
+    runs: list[tuple[str, bool]] = []
+    gone = {"b"}
+
+    def handle(key, resync):
+        runs.append((key[1], resync))
+        return GONE if key[1] in gone and len([r for r in runs if r[0] == key[1]]) > 1 else None
+
+    queue = WorkQueue(handle, workers=2, resync_interval=0.2)
+    queue.start()
+    queue.add(("ns", "a"), resync=False)
+    queue.add(("ns", "b"), resync=False)
+    time.sleep(0.1)
+    queue.add(("ns", "a"), resync=False)  # a child event between resyncs
+    settle(queue, 0.75)
+    a_runs = [resync for name, resync in runs if name == "a"]
+    assert a_runs[:2] == [True, False]  # a key's first run is a resync; a child event is not
+    assert a_runs.count(True) >= 3
+    assert [resync for name, resync in runs if name == "b"] == [True, True]  # forgotten once gone
+
+
+def test_a_failed_run_logs_one_line_at_warning_and_the_traceback_only_at_debug(caplog):
+    def handle(key, resync):
+        raise ApiException(status=500, reason="Internal Server Error")
+
+    queue = WorkQueue(handle, workers=1)
+    queue.start()
+    with caplog.at_level(logging.DEBUG, logger="stoker.controller.workqueue"):
+        queue.add(("ns", "a"), resync=False)
+        settle(queue, 0.2)
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.exc_info is None and "\n" not in warning.getMessage()
+    assert "key=ns/a retryIn=1s: status=500 reason=Internal Server Error" in warning.getMessage()
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records)

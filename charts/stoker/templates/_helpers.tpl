@@ -53,11 +53,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 What the operator does in a namespace it watches, verb by verb (see src/stoker/controller):
-- VLLMServices: kopf lists and watches them and patches its own annotations; the status subresource
-  takes the operator's status patches; `finalizers: update` lets children carry an owner reference with
+- VLLMServices: kopf lists and watches them; patch removes the finalizer and annotations an earlier
+  operator version left (stoker keeps no state on the object); the status subresource takes the
+  operator's status patches; `finalizers: update` lets children carry an owner reference with
   blockOwnerDeletion where the OwnerReferencesPermissionEnforcement admission plugin is on.
-- Children are written by server-side apply (patch; create when the object is new). Deployments and Jobs
-  are also read and watched; superseded seed Jobs are deleted. PVCs and Services are never read back.
+- Children are created when missing and written by server-side apply (patch) only after a read showed
+  this object's owner reference (get): nothing of a user's is adopted. Deployments and Jobs are also
+  watched; superseded seed Jobs stoker created are deleted. The Secret is never read: a JSON patch that
+  tests its owner reference writes it.
 - Pods are listed and watched (startup timings); their logs are read; Events are listed (pod scheduling
   and image-pull times) and created (the operator's own).
 */}}
@@ -79,7 +82,7 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims", "services"]
-  verbs: ["create", "patch"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch", "delete"]

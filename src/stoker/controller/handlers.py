@@ -1,4 +1,9 @@
-"""kopf handlers: thin triggers that put an object on the work queue. None branches on the event type."""
+"""kopf handlers: thin triggers that put an object on the work queue. None branches on the event type.
+
+Only watch-event handlers: kopf then keeps no state on a VLLMService (no finalizer, no annotations), so any
+accepted object can be deleted whether the operator runs or not, and its children go with it through their
+owner references. The drift resync runs from the work queue (see workqueue).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,9 @@ import kopf
 
 from stoker.api import GROUP, PLURAL, VERSION
 from stoker.controller.objects import pod_is_ready
-from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import WorkQueue
+
+FINALIZER = f"{GROUP}/finalizer"
 
 MANAGED = {"app.kubernetes.io/managed-by": "stoker"}
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -21,14 +27,19 @@ CHILD_EVENT_DELAY_SECONDS = 0.5
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """kopf's own state lives under the project's API group; only warnings become kopf Events."""
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    """kopf's own state lives under the project's API group; only warnings become kopf Events.
+
+    With no handler that needs it, kopf removes this finalizer from any object that still carries it (one
+    an earlier operator version put there), deleted or not."""
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+
+
+def spec_changed(body: Mapping[str, Any]) -> bool:
+    """A generation the operator has not reconciled yet: a new object or a spec edit."""
+    generation = (body.get("metadata") or {}).get("generation")
+    return generation != (body.get("status") or {}).get("observedGeneration")
 
 
 def pod_ready(body: kopf.Body, **_: Any) -> bool:
@@ -36,20 +47,21 @@ def pod_ready(body: kopf.Body, **_: Any) -> bool:
     return pod_is_ready(dict(body))
 
 
-def register(queue: WorkQueue, operator: OperatorSettings) -> None:
+def register(queue: WorkQueue) -> None:
     """Register the handlers on kopf's default registry (it carries kopf's login handlers)."""
 
-    # Spec changes and (re)starts apply every child: resync.
-    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
-    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile")
-    def reconcile_service(namespace: str | None, name: str, **_: Any) -> None:
-        queue.add((str(namespace), name), resync=True, urgent=True)
-
-    # Drift: hand edits and deleted children are undone within one interval.
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=operator.drift_interval_seconds, id="drift")
-    def correct_drift(namespace: str | None, name: str, **_: Any) -> None:
-        queue.add((str(namespace), name), resync=True)
+    # New objects and spec edits apply every child, first. The listing at start names every object once
+    # (a key's first run is a resync); status-only changes, such as the operator's own, bring nothing.
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="reconcile")
+    def service_changed(
+        type: str | None, namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> None:
+        if type == "DELETED":
+            return  # the queue forgets the key at its next run; the children go by garbage collection
+        if spec_changed(body):
+            queue.add((str(namespace), name), resync=True, urgent=True)
+        elif type is None:
+            queue.add((str(namespace), name), resync=False)
 
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")

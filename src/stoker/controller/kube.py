@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any, cast
@@ -11,7 +12,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from stoker.api import GROUP, KIND, PLURAL, VERSION
 
@@ -42,16 +43,39 @@ class Kube:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
 
     def apply(self, obj: Manifest) -> Manifest:
-        """Server-side apply with the operator's one field manager; it wins conflicts on its own fields."""
+        """Server-side apply with the operator's one field manager; it wins conflicts on its own fields.
+
+        Only for objects stoker owns: the caller has checked the owner reference and puts the live
+        object's uid in the body, so that a look-alike created since that check is refused, not taken.
+        """
         meta = obj["metadata"]
         result = self._resource(obj["apiVersion"], obj["kind"]).server_side_apply(
-            body=obj,
+            # The client would send \u escapes (surrogate pairs for an emoji) that the API server's
+            # YAML decoder of apply bodies refuses; JSON with the characters themselves is YAML too.
+            body=json.dumps(obj, ensure_ascii=False).encode(),
             name=meta["name"],
             namespace=meta.get("namespace"),
             field_manager=self.field_manager,
             force_conflicts=True,
         )
         return dict(result.to_dict())
+
+    def create(self, obj: Manifest) -> Manifest:
+        """Create only: the API server answers 409 if anything of that name exists by now."""
+        result = self._resource(obj["apiVersion"], obj["kind"]).create(
+            body=obj, namespace=obj["metadata"].get("namespace"), field_manager=self.field_manager
+        )
+        return dict(result.to_dict())
+
+    def patch_json(self, api_version: str, kind: str, namespace: str, name: str, ops: list[Manifest]) -> None:
+        """A JSON patch; its `test` operations make it all-or-nothing against what the caller read."""
+        self._resource(api_version, kind).patch(
+            body=ops,
+            name=name,
+            namespace=namespace,
+            content_type="application/json-patch+json",
+            field_manager=self.field_manager,
+        )
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         try:
@@ -63,10 +87,13 @@ class Kube:
         found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
         return [dict(item) for item in found.to_dict()["items"]]
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        with contextlib.suppress(NotFoundError):
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete exactly the object that was read (uid precondition): never a look-alike made since."""
+        with contextlib.suppress(NotFoundError, ConflictError):
             self._resource(api_version, kind).delete(
-                name=name, namespace=namespace, body={"propagationPolicy": "Background"}
+                name=name,
+                namespace=namespace,
+                body={"propagationPolicy": "Background", "preconditions": {"uid": uid}},
             )
 
     def patch_pod_metadata(
@@ -85,6 +112,10 @@ class Kube:
                 return None
             raise
         return cast(Manifest, obj)
+
+    def patch_service_metadata(self, namespace: str, name: str, patch: Manifest) -> None:
+        """A merge patch of the VLLMService itself (only metadata: stoker never writes a user's spec)."""
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
     def patch_service_status(self, namespace: str, name: str, status: Manifest) -> None:
         """A merge patch of the status subresource: lists (conditions) are replaced whole."""
@@ -115,9 +146,10 @@ class Kube:
             response.release_conn()
 
     def pod_events(self, namespace: str, pod: str) -> list[Manifest]:
-        events = self.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod}"
-        )
+        return self.events_about(namespace, f"involvedObject.kind=Pod,involvedObject.name={pod}")
+
+    def events_about(self, namespace: str, field_selector: str) -> list[Manifest]:
+        events = self.core.list_namespaced_event(namespace, field_selector=field_selector)
         return [self.api_client.sanitize_for_serialization(event) for event in events.items]
 
     def post_event(self, owner: Manifest, reason: str, message: str, *, warning: bool = False) -> None:

@@ -7,6 +7,7 @@ which reads the object fresh from the API server, so no decision depends on what
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -17,17 +18,31 @@ from typing import cast
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import DynamicApiError
 from pydantic import ValidationError
 
-from stoker.api import VLLMService, VLLMServiceStatus
+from stoker.api import GROUP, VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
+from stoker.controller.diagnose import (
+    STUCK_WAITING_REASONS,
+    ObservedChildren,
+    Problem,
+    child_problems,
+    worth_a_closer_look,
+)
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import main_container_status, parse_time, pod_is_ready
+from stoker.controller.ownership import (
+    ChildConflict,
+    conflicts,
+    created_by_deployment,
+    foreign_template_items,
+    never_shrink,
+    owned_by,
+)
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyOutcome, StandbyPool
-from stoker.controller.workqueue import ObjectKey
+from stoker.controller.workqueue import GONE, Gone, ObjectKey
 from stoker.phases import kubernetes_phases, parse_log, summarize
 from stoker.render import (
     CACHE_KEY_LABEL,
@@ -35,6 +50,7 @@ from stoker.render import (
     COMPONENT_SEED,
     INSTANCE_LABEL,
     cache_key,
+    deployment_name,
     pod_count,
     render_children,
     seed_job_name,
@@ -46,6 +62,14 @@ from stoker.render import (
 
 log = logging.getLogger(__name__)
 
+
+# Degraded reasons that are faults of a child or of the cluster, each worth a Warning Event when it starts
+# or changes (SeedFailed and CompileCacheMiss post their own).
+FAULT_REASONS = frozenset(
+    {"ApplyFailed", "VolumeProvisioningFailed", "PodCreationFailed", "StandbyBackoff"}
+) | (STUCK_WAITING_REASONS)
+# Annotations kopf kept on each object for the create/update/resume handlers of earlier versions.
+KOPF_ANNOTATIONS = (f"{GROUP}/last-handled-configuration", f"{GROUP}/reconcile", f"{GROUP}/drift")
 
 LOG_RETRY_SECONDS = 10.0
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
@@ -82,14 +106,17 @@ class Reconciler:
         self._log_retry_at: dict[tuple[str, int], float] = {}
         self.standby = StandbyPool(kube, settings)
 
-    def reconcile(self, key: ObjectKey, resync: bool) -> float | None:
-        """Converge one object; returns seconds after which to look again, if time alone changes things."""
+    def reconcile(self, key: ObjectKey, resync: bool) -> float | Gone | None:
+        """Converge one object; returns seconds after which to look again, if time alone changes things,
+        or GONE once the object no longer exists."""
         namespace, name = key
         body = self.kube.get_service(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._applied_guard:
                 self._applied.pop((namespace, name), None)
-            return None
+            self.standby.forget(key)
+            return GONE
+        self._forget_kopf_state(body)
         with self._applied_guard:
             applied = self._applied.setdefault((namespace, name), {})
         started, result = time.monotonic(), "error"
@@ -103,17 +130,19 @@ class Reconciler:
     def _reconcile(
         self, body: Manifest, applied: dict[tuple[str, str], str], resync: bool
     ) -> tuple[str, float | None]:
-        """Converge one object; returns the result for metrics (converged, waiting or invalid) and when to
-        look again."""
+        """Converge one object; returns the result for metrics (converged, waiting, conflict or invalid)
+        and when to look again."""
         meta, status = body["metadata"], body.get("status") or {}
+        namespace, uid = meta["namespace"], meta["uid"]
         generation = int(meta.get("generation") or 0)
         try:
             svc = VLLMService.model_validate(body)
         except ValidationError as error:
             # Reported in status and as an Event; a retry changes nothing until the spec does.
-            self._reject(body, validation_message(error))
+            self._block(body, "InvalidSpec", validation_message(error))
             return "invalid", None
 
+        # Observe: the children as they are. Only what carries this object's owner reference is stoker's.
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
         seeding = seed_wanted(svc)
@@ -121,7 +150,10 @@ class Reconciler:
         seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
         # Once seeded and its run recorded, the Job has nothing more to tell.
         seed_needed = seeding and not (cache.get("seededKey") == key and seed_recorded)
-        seed_job = self.kube.get("batch/v1", "Job", meta["namespace"], seed_name) if seed_needed else None
+        seed_job = self.kube.get("batch/v1", "Job", namespace, seed_name) if seed_needed else None
+        in_the_way = conflicts(uid, [("Job", seed_job)] if seed_job is not None else [])
+        if in_the_way:
+            seed_job = None  # a Job stoker did not create tells nothing about the cache
         seed_outcome = job_outcome(seed_job)
         if seed_outcome == "succeeded" and cache.get("seededKey") != key:
             cache["seededKey"] = key
@@ -131,42 +163,62 @@ class Reconciler:
         gate_closed = (
             seeding and svc.spec.cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
         )
-
-        pods = self.kube.list_objects("v1", "Pod", meta["namespace"], server_selector(svc.name))
-        # Before the children: a scale-up wakes a standby before the Deployment starts its replacement.
         token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
+        children = render_children(svc, serving_replicas=0 if gate_closed else None, control_token=token)
+        live = self._read_children(namespace, children)
+        in_the_way += conflicts(uid, [(kind, obj) for (kind, _), obj in live.items() if obj is not None])
+        if in_the_way:
+            # Nothing is applied, patched or deleted while anything is in the way: the serving pods do
+            # not roll out without their cache volume, and the user's object stays as it is.
+            self._block(body, "ChildConflict", "; ".join(conflict.message for conflict in in_the_way))
+            return "conflict", None
+        deployment = live.get(("Deployment", deployment_name(svc.name)))
+        pods = [
+            pod
+            for pod in self.kube.list_objects("v1", "Pod", namespace, server_selector(svc.name))
+            if deployment is not None and created_by_deployment(pod, deployment_name(svc.name))
+        ]
+        # Before the children: a scale-up wakes a standby before the Deployment starts its replacement.
         standby = self.standby.reconcile(body, svc, pods, token, resync) if token is not None else None
 
-        deployment = self.kube.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
+        # Act: create what is missing, apply what is stoker's.
         apply_errors = []
-        for child in render_children(svc, serving_replicas=0 if gate_closed else None, control_token=token):
-            kind = child["kind"]
+        for child in children:
+            kind, child_name = child["kind"], child["metadata"]["name"]
             # A Job's pod template is immutable and its name carries the key: create it once, never update.
             if kind == "Job" and (seed_job is not None or seeded):
                 continue
             # While the seed for a new key runs, what serves now keeps serving unchanged.
             if kind == "Deployment" and gate_closed and deployment is not None:
                 continue
+            current = live.get((kind, child_name))
+            if kind == "PersistentVolumeClaim" and current is not None:
+                child = never_shrink(child, current)
             kopf.append_owner_reference(child, owner=kopf.Body(cast(kopf.RawBody, body)))
-            child_id = (kind, child["metadata"]["name"])
+            child_id = (kind, child_name)
             digest = hashlib.sha256(json.dumps(child, sort_keys=True).encode()).hexdigest()
             if not resync and applied.get(child_id) == digest:
                 continue
             try:
-                live = self.kube.apply(child)
-                applied[child_id] = digest
-            except DynamicApiError as error:
-                if error.status is None or error.status >= 500 or error.status == 409:
-                    raise
-                apply_errors.append(f"{kind} {child['metadata']['name']}: {error.summary()}")
+                written = self._write_child(child, current, uid)
+            except ApiException as error:
+                if error.status == 409:
+                    raise  # created or replaced meanwhile: the next run reads it
+                apply_errors.append(f"{kind} {namespace}/{child_name}: {api_error_message(error)}")
                 continue
+            if written is None:  # a Secret of that name that is not stoker's
+                conflict = ChildConflict(kind, namespace, child_name)
+                self._block(body, "ChildConflict", conflict.message)
+                return "conflict", None
+            applied[child_id] = digest
+            live[child_id] = written
             if kind == "Deployment":
-                deployment = live
+                deployment = written
             elif kind == "Job":
-                seed_job, seed_outcome = live, "running"
-                self.kube.post_event(body, "SeedStarted", f"Started seed job {child['metadata']['name']}")
+                seed_job, seed_outcome = written, "running"
+                self.kube.post_event(body, "SeedStarted", f"Started seed job {child_name}")
         if resync or cache.get("key") != key:
-            self._remove_superseded_seeds(svc, short_key)
+            self._remove_superseded_seeds(svc, uid, short_key)
 
         startup = self._collect_startup(
             body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
@@ -176,6 +228,7 @@ class Reconciler:
         if last:
             cache["lastHit"] = last.get("compileCache") == "hit"
         cache_missed = seeded and last.get("cacheKey") == short_key and last.get("compileCache") == "miss"
+        problems = child_problems(self._observe_started(namespace, live, deployment, seed_job, pods))
 
         desired = svc.spec.runtime.replicas
         total = pod_count(svc)
@@ -192,6 +245,9 @@ class Reconciler:
             # Ready means the active pods serve; a standby pod still starting or falling asleep is progress.
             serving, serves_all = standby.active, updated and standby.active >= desired
             rolled_out = rolled_out and standby.asleep >= total - desired
+        degraded = self._degraded(
+            apply_errors, problems, standby, cache_missed, _miss_detail(last), seed_outcome
+        )
         conditions = [
             self._ready(gate_closed, serves_all, desired, serving),
             self._cache_seeded(seeding, seeded, seed_outcome, short_key),
@@ -200,7 +256,7 @@ class Reconciler:
                 gate_closed or not rolled_out,
                 "WaitingForSeed" if gate_closed else ("RollingOut" if not rolled_out else "Converged"),
             ),
-            self._degraded(apply_errors, cache_missed, _miss_detail(last), seed_outcome),
+            degraded,
         ]
         if seed_outcome == "failed" and self._condition_reason(status, "CacheSeeded") != "SeedFailed":
             self.kube.post_event(
@@ -213,6 +269,8 @@ class Reconciler:
                 f"Pod {last.get('pod')} compiled despite a seeded cache{_miss_detail(last)}",
                 warning=True,
             )
+        if degraded.reason in FAULT_REASONS and _changed(status, degraded):
+            self.kube.post_event(body, degraded.reason, degraded.message, warning=True)
         new_status = {
             "observedGeneration": generation,
             "conditions": merge_conditions(status.get("conditions"), conditions, generation, now_rfc3339()),
@@ -226,7 +284,123 @@ class Reconciler:
             new_status["standbyReplicas"] = standby.asleep
             new_status["standby"] = _standby_status(standby, status)
         self._write_status(body, new_status)
+        if apply_errors:
+            # Reported above; the work queue retries with a growing delay.
+            raise ChildrenNotApplied("; ".join(apply_errors))
         return ("waiting" if gate_closed else "converged"), (standby.recheck_after if standby else None)
+
+    def _read_children(
+        self, namespace: str, children: list[Manifest]
+    ) -> dict[tuple[str, str], Manifest | None]:
+        """Each child as it is now, by name. Not the Secret (the operator never reads Secrets: it learns
+        whether the Secret is its own when it writes it) and not the seed Job (read before)."""
+        live: dict[tuple[str, str], Manifest | None] = {}
+        for child in children:
+            kind, name = child["kind"], child["metadata"]["name"]
+            if kind not in ("Secret", "Job"):
+                live[(kind, name)] = self.kube.get(child["apiVersion"], kind, namespace, name)
+        return live
+
+    def _write_child(self, child: Manifest, current: Manifest | None, owner_uid: str) -> Manifest | None:
+        """Create a missing child, or apply one that is stoker's; None if a Secret in the way is not."""
+        if child["kind"] == "Secret":
+            return self._write_secret(child, owner_uid)
+        if current is None:
+            # Create, not apply: if an object of that name appeared since the read, this fails (409)
+            # instead of taking it over.
+            return self.kube.create(child)
+        # The uid read with the owner reference: if the object was replaced since, the API server refuses
+        # the apply (uid is immutable) instead of applying to the newcomer.
+        child["metadata"]["uid"] = current["metadata"]["uid"]
+        written = self.kube.apply(child)
+        if child["kind"] == "Deployment":
+            foreign = foreign_template_items(written, child)
+            if foreign:
+                meta = child["metadata"]
+                self.kube.patch_json("apps/v1", "Deployment", meta["namespace"], meta["name"], foreign)
+                log.info(
+                    "Removed items stoker does not render from the pod template deployment=%s/%s items=%d",
+                    meta["namespace"],
+                    meta["name"],
+                    len(foreign) // 2,
+                )
+        return written
+
+    def _write_secret(self, secret: Manifest, owner_uid: str) -> Manifest | None:
+        """Create the Secret, or patch it only if its first owner reference is this object's: a JSON
+        patch whose `test` makes the ownership check and the write one atomic step, without a read."""
+        try:
+            return self.kube.create(secret)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        meta = secret["metadata"]
+        ops = [
+            {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": owner_uid},
+            {"op": "add", "path": "/metadata/labels", "value": meta["labels"]},
+            {"op": "add", "path": "/data", "value": secret["data"]},
+        ]
+        try:
+            self.kube.patch_json("v1", "Secret", meta["namespace"], meta["name"], ops)
+        except ApiException as error:
+            if error.status == 422:  # the test failed: no owner reference, or another owner's
+                return None
+            raise
+        return secret
+
+    def _observe_started(
+        self,
+        namespace: str,
+        live: dict[tuple[str, str], Manifest | None],
+        deployment: Manifest | None,
+        seed_job: Manifest | None,
+        pods: list[Manifest],
+    ) -> ObservedChildren:
+        """What child_problems needs; events are read only for a claim still Pending or a Job without
+        pods, and the seed's pods only while it runs, each only once it had time to get going."""
+        now = dt.datetime.now(dt.UTC)
+        claims = [obj for (kind, _), obj in live.items() if kind == "PersistentVolumeClaim" and obj]
+        claim_events = {
+            claim["metadata"]["uid"]: self.kube.events_about(
+                namespace, f"involvedObject.uid={claim['metadata']['uid']}"
+            )
+            for claim in claims
+            if (claim.get("status") or {}).get("phase") == "Pending" and worth_a_closer_look(claim, now)
+        }
+        job_events: list[Manifest] = []
+        seed_pods: list[Manifest] = []
+        if seed_job is not None and job_outcome(seed_job) == "running" and worth_a_closer_look(seed_job, now):
+            job_meta = seed_job["metadata"]
+            seed_pods = self.kube.list_objects(
+                "v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job_meta['name']}"
+            )
+            if not (seed_job.get("status") or {}).get("active"):
+                job_events = self.kube.events_about(namespace, f"involvedObject.uid={job_meta['uid']}")
+        return ObservedChildren(
+            claims=claims,
+            claim_events=claim_events,
+            deployment=deployment,
+            job=seed_job,
+            job_events=job_events,
+            pods=pods + seed_pods,
+        )
+
+    def _forget_kopf_state(self, body: Manifest) -> None:
+        """An object from an operator version with kopf's create/update handlers carries their progress
+        and diff-base annotations (kopf itself removes the old finalizer): remove them once."""
+        annotations = body["metadata"].get("annotations") or {}
+        stale = [name for name in KOPF_ANNOTATIONS if name in annotations]
+        if stale:
+            meta = body["metadata"]
+            patch = {
+                "metadata": {"annotations": dict.fromkeys(stale), "resourceVersion": meta["resourceVersion"]}
+            }
+            self.kube.patch_service_metadata(meta["namespace"], meta["name"], patch)
+            log.info(
+                "Removed kopf state of an earlier operator version vllmservice=%s/%s",
+                meta["namespace"],
+                meta["name"],
+            )
 
     def _ready(self, gate_closed: bool, rolled_out: bool, desired: int, ready: int) -> Condition:
         if gate_closed:
@@ -247,10 +421,21 @@ class Reconciler:
 
     @staticmethod
     def _degraded(
-        apply_errors: list[str], cache_missed: bool, miss_detail: str, seed_outcome: str | None
+        apply_errors: list[str],
+        problems: list[Problem],
+        standby: StandbyOutcome | None,
+        cache_missed: bool,
+        miss_detail: str,
+        seed_outcome: str | None,
     ) -> Condition:
         if apply_errors:
             return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
+        if problems:
+            return Condition(
+                "Degraded", True, problems[0].reason, "; ".join(p.message for p in problems)[:1024]
+            )
+        if standby is not None and standby.problem:
+            return Condition("Degraded", True, "StandbyBackoff", standby.problem)
         if cache_missed:
             return Condition(
                 "Degraded",
@@ -266,20 +451,18 @@ class Reconciler:
     def _condition_reason(status: Manifest, kind: str) -> str | None:
         return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == kind), None)
 
-    def _reject(self, body: Manifest, message: str) -> None:
+    def _block(self, body: Manifest, reason: str, message: str) -> None:
+        """Report what stops the object (an invalid spec, an object in the way) and write nothing else; a
+        Warning Event when it first happens or changes, not on every retry."""
         status = body.get("status") or {}
         generation = int(body["metadata"].get("generation") or 0)
         conditions = [
-            Condition("Ready", False, "InvalidSpec", message),
-            Condition("Progressing", False, "InvalidSpec", message),
-            Condition("Degraded", True, "InvalidSpec", message),
+            Condition("Ready", False, reason, message),
+            Condition("Progressing", False, reason, message),
+            Condition("Degraded", True, reason, message),
         ]
-        already = (
-            self._condition_reason(status, "Ready") == "InvalidSpec"
-            and status.get("observedGeneration") == generation
-        )
-        if not already:
-            self.kube.post_event(body, "InvalidSpec", message, warning=True)
+        if _changed(status, conditions[-1]) or status.get("observedGeneration") != generation:
+            self.kube.post_event(body, reason, message, warning=True)
         new_status = dict(status, observedGeneration=generation)
         new_status["conditions"] = merge_conditions(
             status.get("conditions"), conditions, generation, now_rfc3339()
@@ -293,13 +476,15 @@ class Reconciler:
             return  # nothing changed: no write, no watch event, no churn
         self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], wanted)
 
-    def _remove_superseded_seeds(self, svc: VLLMService, short_key: str) -> None:
+    def _remove_superseded_seeds(self, svc: VLLMService, owner_uid: str, short_key: str) -> None:
+        """Seed Jobs of earlier keys that stoker created; a Job with look-alike labels is left alone."""
         namespace, name = str(svc.namespace), svc.name
         selector = f"{INSTANCE_LABEL}={name},{COMPONENT_LABEL}={COMPONENT_SEED}"
         for job in self.kube.list_objects("batch/v1", "Job", namespace, selector):
-            if job["metadata"].get("labels", {}).get(CACHE_KEY_LABEL) != short_key:
-                self.kube.delete("batch/v1", "Job", namespace, job["metadata"]["name"])
-                log.info("Removed superseded seed job job=%s/%s", namespace, job["metadata"]["name"])
+            job_meta = job["metadata"]
+            if owned_by(job, owner_uid) and job_meta.get("labels", {}).get(CACHE_KEY_LABEL) != short_key:
+                self.kube.delete("batch/v1", "Job", namespace, job_meta["name"], job_meta["uid"])
+                log.info("Removed superseded seed job job=%s/%s", namespace, job_meta["name"])
 
     # ------------------------------------------------------------------ startup timings
 
@@ -393,6 +578,27 @@ class Reconciler:
             body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
         )
         return record
+
+
+class ChildrenNotApplied(Exception):
+    """Some children were refused by the API server; the status says which and why."""
+
+
+def api_error_message(error: ApiException) -> str:
+    """The API server's own message for a refused request, with its status code."""
+    try:
+        message = json.loads(error.body or "{}").get("message") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    return f"{message} (HTTP {error.status})"
+
+
+def _changed(status: Manifest, condition: Condition) -> bool:
+    """Whether a condition differs from the one in the status in reason or message: an Event's worth."""
+    before: Manifest = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == condition.type), {}
+    )
+    return (before.get("reason"), before.get("message")) != (condition.reason, condition.message)
 
 
 def _status_document(status: Manifest) -> Manifest:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,7 +35,7 @@ from stoker.render.names import (
     STANDBY_DELETION_COST,
     STANDBY_SINCE_ANNOTATION,
 )
-from stoker.standby import EngineControl, EngineControlError, ServingPod, plan_standby
+from stoker.standby import EngineControl, EngineControlError, ServingPod, plan_standby, replacement_delay
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class StandbyOutcome:
     roles: dict[str, tuple[str, bool]] = field(default_factory=dict)  # pod -> (role, asleep)
     last_wake: Manifest | None = None
     recheck_after: float | None = None
+    problem: str | None = None  # why pods are not being replaced now (a backoff after failures)
 
     @property
     def active(self) -> int:
@@ -76,7 +79,17 @@ def serving_pod(pod: Manifest, short_key: str) -> ServingPod:
         current=labels.get(CACHE_KEY_LABEL) == short_key,
         sleep_capable=SLEEP_MODE_FLAG in (pod["spec"]["containers"][0].get("args") or []),
         address=status.get("podIP"),
+        uid=meta.get("uid", ""),
     )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Failed sleeps and wakes of one VLLMService's pods, and when the next pod may be replaced."""
+
+    failures: int
+    not_before: float  # time.monotonic()
+    last_error: str
 
 
 class StandbyPool:
@@ -88,6 +101,12 @@ class StandbyPool:
         else:
             self.key = secrets.token_urlsafe(32)
             log.warning("STOKER_CONTROL_KEY is unset: standby pods started before a restart will be replaced")
+        self._backoff: dict[tuple[str, str], Backoff] = {}
+        self._backoff_guard = threading.Lock()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._backoff_guard:
+            self._backoff.pop(key, None)
 
     def control_token(self, body: Manifest) -> str:
         return control_token(self.key, str(body["metadata"]["uid"]))
@@ -98,6 +117,9 @@ class StandbyPool:
         standby = svc.spec.cold_start.standby
         assert standby is not None
         namespace = body["metadata"]["namespace"]
+        key = (namespace, body["metadata"]["name"])
+        with self._backoff_guard:
+            backoff = self._backoff.get(key)
         views = [serving_pod(pod, short_cache_key(svc)) for pod in pods]
         plan = plan_standby(
             views, svc.spec.runtime.replicas, dt.datetime.now(dt.UTC), self.settings.standby_drain_seconds
@@ -116,10 +138,36 @@ class StandbyPool:
             self.kube.patch_pod_metadata(namespace, pod.name, {ROLE_LABEL: role}, annotations)
             outcome.roles[pod.name] = (role, asleep)
 
+        def backing_off() -> float:
+            """Seconds until a pod may be replaced again; 0 when it may now."""
+            return max(backoff.not_before - time.monotonic(), 0.0) if backoff else 0.0
+
+        def hold(remaining: float) -> None:
+            outcome.recheck_after = (
+                remaining if outcome.recheck_after is None else min(outcome.recheck_after, remaining)
+            )
+
         def replace(pod: ServingPod, reason: str, message: str) -> None:
-            self.kube.delete("v1", "Pod", namespace, pod.name)
-            outcome.roles.pop(pod.name, None)
-            self.kube.post_event(body, reason, f"{message}; pod deleted for a new one", warning=True)
+            """Delete a pod that failed, unless the last replacement is too recent (then wait)."""
+            nonlocal backoff
+            failures = (backoff.failures if backoff else 0) + 1
+            remaining = backing_off()
+            if backoff is not None and remaining > 0:
+                backoff = Backoff(backoff.failures, backoff.not_before, message)
+                hold(remaining)
+            else:
+                self.kube.delete("v1", "Pod", namespace, pod.name, pod.uid)
+                outcome.roles.pop(pod.name, None)
+                backoff = Backoff(failures, time.monotonic() + replacement_delay(failures), message)
+                self.kube.post_event(body, reason, f"{message}; pod deleted for a new one", warning=True)
+            with self._backoff_guard:
+                self._backoff[key] = backoff
+
+        def succeeded() -> None:
+            nonlocal backoff
+            backoff = None
+            with self._backoff_guard:
+                self._backoff.pop(key, None)
 
         for pod in plan.adopt:
             mark(pod, ROLE_ACTIVE, False)
@@ -163,6 +211,7 @@ class StandbyPool:
                 },
             )
             needed -= 1
+            succeeded()
             metrics.STANDBY_TRANSITIONS.labels("wake", "ok").inc()
             metrics.STANDBY_WAKE_SECONDS.observe(timing.served_seconds)
             outcome.last_wake = {
@@ -179,7 +228,10 @@ class StandbyPool:
                 f"{timing.served_seconds:.2f} s after /wake_up",
             )
 
-        for pod in plan.sleep:
+        remaining = backing_off()
+        if remaining > 0 and plan.sleep:
+            hold(remaining)  # the next pod to sleep is likely to fail as the last one did
+        for pod in plan.sleep if remaining == 0 else []:
             try:
                 seconds = engine(pod).sleep(standby.level, self.settings.standby_sleep_timeout_seconds)
             except EngineControlError as error:
@@ -187,6 +239,7 @@ class StandbyPool:
                 replace(pod, "SleepFailed", f"Pod {pod.name} did not fall asleep: {error}")
                 continue
             mark(pod, ROLE_STANDBY, True, **{ASLEEP_ANNOTATION: now_rfc3339()})
+            succeeded()
             metrics.STANDBY_TRANSITIONS.labels("sleep", "ok").inc()
             self.kube.post_event(
                 body,
@@ -194,6 +247,11 @@ class StandbyPool:
                 f"Pod {pod.name} is a standby, asleep at level {standby.level} in {seconds:.1f} s",
             )
 
+        if backoff is not None:
+            outcome.problem = (
+                f"{backoff.last_error}; after {backoff.failures} failed sleeps or wakes, standby pods are"
+                f" slept or replaced at most every {replacement_delay(backoff.failures):.0f} s"
+            )
         if resync:
             self._verify_asleep(namespace, views, engine, outcome)
         return outcome

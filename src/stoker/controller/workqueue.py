@@ -4,17 +4,24 @@ kopf handlers only put keys here and return at once; a fixed pool of threads rec
 the queue at most once, however many events name it; a key is never reconciled by two threads at once;
 an event that names a key under reconcile makes it run once more afterwards. Bursts of child events
 (a rollout changes a Deployment and its pods many times) thus cost a reconcile or two, not one each.
+
+The queue also runs the drift resync: a key's first run, and every run `resync_interval` seconds after
+its last resync, is a resync, and each run schedules the next, until the handler says the object is
+gone. So no timer lives on the object (a kopf timer would need a finalizer and annotations on it).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +29,21 @@ ObjectKey = tuple[str, str]  # (namespace, name)
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # after failed runs of one key, in turn
 
 
+class Gone:
+    """What a handler returns when the key's object no longer exists: the queue forgets the key."""
+
+
+GONE = Gone()
+Handler = Callable[[ObjectKey, bool], float | Gone | None]
+
+
 class WorkQueue:
-    def __init__(self, handle: Callable[[ObjectKey, bool], float | None], workers: int) -> None:
-        """`handle(key, resync)` reconciles; it may return seconds after which to reconcile that key again."""
+    def __init__(self, handle: Handler, workers: int, resync_interval: float | None = None) -> None:
+        """`handle(key, resync)` reconciles; it may return seconds after which to reconcile that key again,
+        or GONE. With `resync_interval`, every key is resynced that often (see above)."""
         self._handle = handle
+        self._resync_interval = resync_interval
+        self._resync_at: dict[ObjectKey, float] = {}  # key -> when its next run must be a resync
         self._cond = threading.Condition()
         self._due: list[tuple[float, int, ObjectKey]] = []  # heap of (due time, tie-breaker, key)
         self._order = itertools.count()
@@ -96,20 +114,48 @@ class WorkQueue:
     def _work(self) -> None:
         while (item := self._next()) is not None:
             key, resync = item
-            retry_in = recheck_in = None
+            started = time.monotonic()
+            if self._resync_interval is not None:
+                resync = resync or started >= self._resync_at.get(key, started)
+            retry_in: float | None = None
+            outcome: float | Gone | None = None
             try:
-                recheck_in = self._handle(key, resync)
+                outcome = self._handle(key, resync)
                 self._failures.pop(key, None)
-            except Exception:
+            except Exception as error:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 retry_in = RETRY_DELAYS[min(failures, len(RETRY_DELAYS)) - 1]
-                log.exception("Reconcile failed key=%s retryIn=%.0fs", key, retry_in)
+                # The cause is in the object's status; one line per retry here, the traceback at DEBUG.
+                log.warning("Reconcile failed key=%s/%s retryIn=%.0fs: %s", *key, retry_in, _oneline(error))
+                log.debug("Reconcile failed key=%s/%s", *key, exc_info=True)
             with self._cond:
                 self._active.discard(key)
                 again = self._again.pop(key, None)
+                if isinstance(outcome, Gone):
+                    self._resync_at.pop(key, None)
+                    self._failures.pop(key, None)
+                elif resync and retry_in is None and self._resync_interval is not None:
+                    self._resync_at[key] = started + self._resync_interval
             if again is not None:
                 self.add(key, resync=again)
             if retry_in is not None:
                 self.add(key, resync=True, delay=retry_in)
-            elif recheck_in is not None:
-                self.add(key, resync=False, delay=recheck_in)
+            elif isinstance(outcome, float | int):
+                self.add(key, resync=False, delay=outcome)
+            resync_at = self._resync_at.get(key)
+            if resync_at is not None:
+                self.add(key, resync=False, delay=max(resync_at - time.monotonic(), 0.0))
+
+
+def _oneline(error: Exception) -> str:
+    """The error in one bounded line: for an API error its status and the server's message, not the
+    response headers and body the client puts in str()."""
+    if isinstance(error, ApiException):
+        try:
+            message = json.loads(error.body or "{}").get("message", "")
+        except (ValueError, AttributeError):
+            message = ""
+        text = f"status={error.status} reason={error.reason} {message}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.split())[:500]

@@ -25,6 +25,17 @@ class ServingPod:
     current: bool = True  # started from the current cache key
     sleep_capable: bool = True  # started with --enable-sleep-mode
     address: str | None = None  # pod IP
+    uid: str = ""
+
+
+REPLACEMENT_DELAY_SECONDS = 5.0
+MAX_REPLACEMENT_DELAY_SECONDS = 300.0
+
+
+def replacement_delay(failures: int) -> float:
+    """How long after its `failures`-th failed sleep or wake a VLLMService may lose another pod: a pod that
+    cannot sleep is most likely replaced by one that cannot either, so the pace halves each time."""
+    return min(REPLACEMENT_DELAY_SECONDS * 2 ** (failures - 1), MAX_REPLACEMENT_DELAY_SECONDS)
 
 
 @dataclass(frozen=True)
