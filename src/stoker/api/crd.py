@@ -19,6 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from stoker.api.models import (
+    API_VERSION,
     GROUP,
     KIND,
     PLURAL,
@@ -107,9 +108,9 @@ def resource_schema() -> Schema:
         "description": "A vLLM deployment whose cold starts stoker keeps fast (compile-cache seeding, "
         "weight streaming) and measures.",
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {"type": "string", "description": f"{API_VERSION}."},
+            "kind": {"type": "string", "description": f"{KIND}."},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
             "spec": _structural(properties["spec"], keep_defaults=True),
             "status": _structural(properties["status"], keep_defaults=False),
         },
@@ -160,7 +161,9 @@ def build_crd() -> Schema:
                         {
                             "name": "Startup(s)",
                             "type": "number",
-                            "description": "Seconds the last replica took from scheduling to ready.",
+                            "description": "Seconds the last serving replica took from process start to"
+                            " 'Starting vLLM server on' (status.startup.last.totalSeconds); scheduling,"
+                            " image pull and container start come before it.",
                             "jsonPath": ".status.startup.last.totalSeconds",
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
