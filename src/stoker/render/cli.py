@@ -84,7 +84,8 @@ def main(argv: list[str]) -> int:
     except yaml.YAMLError as error:
         print(f"stoker render: {options.file} is not valid YAML: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
-    errors, outputs = [], []
+    errors: list[str] = []
+    outputs: list[str] = []
     # Empty documents (a stray `---`) are skipped, as kubectl does.
     for index, document in enumerate(documents, start=1):
         if document is None:
@@ -95,11 +96,11 @@ def main(argv: list[str]) -> int:
         elif document["kind"] == KIND:
             try:
                 outputs.append(render_manifest_yaml(document))
-            except ValidationError as error:
-                errors.append(f"{_label(index, document)}: {KIND} is invalid:\n{error}")
+            except ValidationError as invalid:
+                errors.append(f"{_label(index, document)}: {KIND} is invalid:\n{invalid}")
     if errors:
-        for error in errors:
-            print(f"stoker render: {options.file}: {error}", file=sys.stderr)
+        for problem in errors:
+            print(f"stoker render: {options.file}: {problem}", file=sys.stderr)
         return EXIT_INVALID
     if not outputs:
         what = "is empty" if all(document is None for document in documents) else f"has no {KIND}"
