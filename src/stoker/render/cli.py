@@ -99,8 +99,8 @@ def main(argv: list[str]) -> int:
             except ValidationError as invalid:
                 errors.append(f"{_label(index, document)}: {KIND} is invalid:\n{invalid}")
     if errors:
-        for problem in errors:
-            print(f"stoker render: {options.file}: {problem}", file=sys.stderr)
+        for message in errors:
+            print(f"stoker render: {options.file}: {message}", file=sys.stderr)
         return EXIT_INVALID
     if not outputs:
         what = "is empty" if all(document is None for document in documents) else f"has no {KIND}"
