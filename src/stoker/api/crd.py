@@ -1,8 +1,9 @@
 """The VLLMService CustomResourceDefinition, generated from the pydantic models.
 
 `python -m stoker.api.crd` writes crds/ and the Helm chart's copy. pydantic's JSON schema is made structural
-for the API server: `$ref`s inlined, `X | None` unions collapsed to `X` (no `nullable`, so the API server
-prunes nulls and `has()` in CEL means "set"), no `additionalProperties: false`, no titles. Defaults come from
+for the API server: `$ref`s inlined (a field's own description, which pydantic writes beside the `$ref`,
+wins over the class docstring), `X | None` unions collapsed to `X` (no `nullable`, so the API server
+prunes nulls and `has()` in CEL means "set"), no boolean `additionalProperties`, no titles. Defaults come from
 the models; an object whose default is its class's own defaults gets `default: {}` so that the API server
 fills its fields one by one.
 """
@@ -85,7 +86,9 @@ def _structural(node: Any, *, keep_defaults: bool) -> Any:
     if "const" in node:
         node["enum"] = [node.pop("const")]
     node.pop("title", None)
-    if node.get("additionalProperties") is False:
+    if isinstance(node.get("additionalProperties"), bool):
+        # false is the API server's default; true (pydantic's extra="allow") would be read as a map of
+        # untyped values and prune them: such a model says x-kubernetes-preserve-unknown-fields instead.
         del node["additionalProperties"]
     if "default" in node:
         default = _without_nones(node["default"])
@@ -110,7 +113,8 @@ def resource_schema() -> Schema:
         "properties": {
             "apiVersion": {"type": "string", "description": f"{API_VERSION}."},
             "kind": {"type": "string", "description": f"{KIND}."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server allows nothing else here; kubectl explain shows ObjectMeta's own text.
+            "metadata": {"type": "object"},
             "spec": _structural(properties["spec"], keep_defaults=True),
             "status": _structural(properties["status"], keep_defaults=False),
         },
