@@ -95,6 +95,10 @@ def test_pod_settings_are_not_in_the_cache_key() -> None:
     assert cache_key(service(POD)) == cache_key(service())
 
 
+def mounted_at(path: str) -> dict[str, Any]:
+    return {"volumes": [{"name": "a", "emptyDir": {}}], "volumeMounts": [{"name": "a", "mountPath": path}]}
+
+
 REFUSED = {
     "instance label": ({"labels": {"app.kubernetes.io/instance": "other"}}, "app.kubernetes.io/instance"),
     "managed-by label": ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "app.kubernetes.io/managed-by"),
@@ -113,39 +117,27 @@ REFUSED = {
     ),
     "mount without volume": ({"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}, "found: nope"),
     "mount on the cache": (
-        {
-            "volumes": [{"name": "a", "emptyDir": {}}],
-            "volumeMounts": [{"name": "a", "mountPath": "/var/cache/vllm"}],
-        },
+        mounted_at("/var/cache/vllm"),
         "found: /var/cache/vllm",
     ),
     "mount inside the cache": (
-        {
-            "volumes": [{"name": "a", "emptyDir": {}}],
-            "volumeMounts": [{"name": "a", "mountPath": "/var/cache/vllm/triton"}],
-        },
+        mounted_at("/var/cache/vllm/triton"),
         "found: /var/cache/vllm/triton",
     ),
     "mount above the cache": (
-        {"volumes": [{"name": "a", "emptyDir": {}}], "volumeMounts": [{"name": "a", "mountPath": "/var"}]},
+        mounted_at("/var"),
         "found: /var",
     ),
     "mount over /dev/shm": (
-        {
-            "volumes": [{"name": "a", "emptyDir": {}}],
-            "volumeMounts": [{"name": "a", "mountPath": "/dev/shm"}],
-        },
+        mounted_at("/dev/shm"),
         "found: /dev/shm",
     ),
     "relative mount path": (
-        {"volumes": [{"name": "a", "emptyDir": {}}], "volumeMounts": [{"name": "a", "mountPath": "etc/x"}]},
+        mounted_at("etc/x"),
         "mountPath",
     ),
     "dot-dot in mount path": (
-        {
-            "volumes": [{"name": "a", "emptyDir": {}}],
-            "volumeMounts": [{"name": "a", "mountPath": "/x/../var"}],
-        },
+        mounted_at("/x/../var"),
         "mountPath",
     ),
     "bad service account": ({"serviceAccountName": "Not_A_Name"}, "serviceAccountName"),

@@ -422,30 +422,31 @@ class LoaderSpec(_Model):
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 
-class CompileCacheSpec(_Model):
+class _CacheVolumeSpec(_Model):
+    """A cache PVC; subclasses set whether it is on by default and its size (fields keep this order)."""
+
+    enabled: bool
+    size: Quantity
+    storage_class_name: str | None = Field(
+        default=None, max_length=253, description="StorageClass of the PVC; the cluster default if unset."
+    )
+    access_mode: AccessMode = Field(
+        default="ReadWriteMany", description="PVC access mode; ReadWriteMany lets replicas share it."
+    )
+
+
+class CompileCacheSpec(_CacheVolumeSpec):
     """The volume behind VLLM_CACHE_ROOT (torch.compile, Triton, Inductor and model-info caches)."""
 
     enabled: bool = Field(default=True, description="Keep the cache on a PVC; false uses an emptyDir.")
     size: Quantity = Field(default="20Gi", description="Requested size of the PVC.")
-    storage_class_name: str | None = Field(
-        default=None, max_length=253, description="StorageClass of the PVC; the cluster default if unset."
-    )
-    access_mode: AccessMode = Field(
-        default="ReadWriteMany", description="PVC access mode; ReadWriteMany lets replicas share it."
-    )
 
 
-class ModelCacheSpec(_Model):
+class ModelCacheSpec(_CacheVolumeSpec):
     """A volume for HF_HOME: weights are downloaded once and served offline afterwards."""
 
     enabled: bool = Field(default=False, description="Download into a PVC once (huggingFace source only).")
     size: Quantity = Field(default="40Gi", description="Requested size of the PVC.")
-    storage_class_name: str | None = Field(
-        default=None, max_length=253, description="StorageClass of the PVC; the cluster default if unset."
-    )
-    access_mode: AccessMode = Field(
-        default="ReadWriteMany", description="PVC access mode; ReadWriteMany lets replicas share it."
-    )
 
 
 _ONE_GRAPH_SETTING = "exactly one of captureSizes, maxCaptureSize or mode must be set"
