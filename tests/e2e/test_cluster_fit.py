@@ -143,3 +143,47 @@ def test_cluster_fit_settings_stay_out_of_the_cache_key(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(plain))
     fitted = wait_ready(kubectl, namespace, "qwen-fit")["status"]["cache"]["key"]
     assert wait_ready(kubectl, namespace, "qwen-plain")["status"]["cache"]["key"] == fitted
+
+
+def test_editing_pod_settings_rolls_the_deployment_without_reseeding(
+    namespace: str, kubectl: Kubectl, operator: Any
+) -> None:
+    kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
+    key = wait_ready(kubectl, namespace, "qwen-fit")["status"]["cache"]["key"]
+    patch = {"spec": {"pod": {"labels": {"team": "ranking", "cost-center": None}}}}
+    kubectl("-n", namespace, "patch", "vsvc", "qwen-fit", "--type=merge", "-p", json.dumps(patch))
+
+    def relabelled() -> dict[str, str] | None:
+        deployment = get_json(kubectl, "-n", namespace, "deployment", "qwen-fit") or {}
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        return labels if labels.get("team") == "ranking" else None
+
+    labels = wait_for(relabelled, what="the new pod label on the Deployment")
+    assert "cost-center" not in labels
+    jobs = get_json(kubectl, "-n", namespace, "jobs", "-l", "app.kubernetes.io/instance=qwen-fit")
+    assert jobs and [job["metadata"]["name"] for job in jobs["items"]] == [f"qwen-fit-seed-{key[:10]}"]
+
+
+def test_affinity_the_api_server_refuses_is_reported_with_its_message(
+    namespace: str, kubectl: Kubectl, operator: Any
+) -> None:
+    # Free-form in the CRD, so the API server's core/v1 validation meets it when stoker applies the pods.
+    manifest = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "bad-affinity"},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "pod": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+        },
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
+
+    def degraded() -> dict[str, Any] | None:
+        svc = get_json(kubectl, "-n", namespace, "vsvc", "bad-affinity") or {}
+        found = [c for c in (svc.get("status") or {}).get("conditions", []) if c["type"] == "Degraded"]
+        return found[0] if found and found[0]["reason"] == "ApplyFailed" else None
+
+    condition = wait_for(degraded, what="Degraded=ApplyFailed")
+    assert condition["status"] == "True"
+    assert "nodeSelectorTerms" in condition["message"], condition["message"]
