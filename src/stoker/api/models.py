@@ -787,7 +787,9 @@ class VLLMServiceSpec(_Model):
     )
     pod: PodSettings = Field(
         default_factory=PodSettings,
-        description="Settings that fit the seed and serving pods to a cluster; none enters the cache key.",
+        description="How the seed and serving pods fit the cluster: identity, image pulls, placement,"
+        " priority, metadata, extra volumes. None enters the compile-cache key, so pin the GPU model with"
+        " runtime.nodeSelector, not with affinity or a runtime class.",
     )
 
     @model_validator(mode="after")
