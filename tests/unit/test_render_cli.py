@@ -122,3 +122,15 @@ def test_every_bad_document_is_reported_and_nothing_rendered(
 def test_a_missing_file_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "absent.yaml")]) == 2
     assert f"cannot read {tmp_path / 'absent.yaml'}: No such file or directory" in capsys.readouterr().err
+
+
+def test_a_binary_file_is_not_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert main([str(path)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_directory_cannot_be_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 2
+    assert f"cannot read {tmp_path}: Is a directory" in capsys.readouterr().err

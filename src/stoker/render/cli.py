@@ -84,6 +84,9 @@ def main(argv: list[str]) -> int:
     except yaml.YAMLError as error:
         print(f"stoker render: {options.file} is not valid YAML: {error}", file=sys.stderr)
         return EXIT_UNREADABLE
+    except UnicodeDecodeError as error:
+        print(f"stoker render: {options.file} is not UTF-8 text: {error}", file=sys.stderr)
+        return EXIT_UNREADABLE
     errors: list[str] = []
     outputs: list[str] = []
     # Empty documents (a stray `---`) are skipped, as kubectl does.
