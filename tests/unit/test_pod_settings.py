@@ -147,6 +147,9 @@ REFUSED = {
     ),
     "unknown affinity kind": ({"affinity": {"gpuAffinity": {}}}, "gpuAffinity"),
     "bad label value": ({"labels": {"team": "not a value"}}, "labels.team"),
+    "label key with a space": ({"labels": {"my team": "a"}}, "found: my team"),
+    "annotation key with two slashes": ({"annotations": {"a/b/c": "x"}}, "found: a/b/c"),
+    "label name too long": ({"labels": {"x" * 64: "a"}}, "qualified names"),
 }
 
 
@@ -160,7 +163,7 @@ def test_pod_settings_that_would_break_stokers_pods_are_refused(pod: dict[str, A
 def test_similar_but_free_keys_and_paths_pass() -> None:
     service(
         {
-            "labels": {"app.kubernetes.io/part-of": "search", "example.com/stoker.dev": "x"},
+            "labels": {"app.kubernetes.io/part-of": "search", "example.com/stoker.dev": "x", "Team_1.a": "b"},
             "annotations": {"prometheus.io/scrape": "true"},
             "volumes": [{"name": "cache2", "emptyDir": {}}],
             "volumeMounts": [{"name": "cache2", "mountPath": "/var/cache/vllm2"}],

@@ -546,6 +546,11 @@ _DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Absolute, no empty, "." or ".." segments and no trailing slash, so that prefix checks are exact.
 _MOUNT_PATH = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Label and annotation keys: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_1123_SUBDOMAIN)]
 
@@ -633,6 +638,16 @@ _OWNED_MOUNT_PATHS = "pod.volumeMounts must not mount at, inside or above stoker
 _UNIQUE_MOUNT_PATHS = "pod.volumeMounts mount paths must be unique"
 
 
+_QUALIFIED_KEYS = (
+    "pod.labels and pod.annotations keys must be qualified names: an optional DNS-subdomain prefix and '/',"
+    " then at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+)
+
+
+def _qualified_keys_cel(field: str) -> str:
+    return f"!has(self.{field}) || self.{field}.all(k, k.matches('{_QUALIFIED_NAME}'))"
+
+
 def _owned_keys_cel(field: str, owned: tuple[str, ...]) -> str:
     return (
         f"!has(self.{field}) || self.{field}.all(k, !(k in {_quoted_list(owned)})"
@@ -652,6 +667,8 @@ class PodSettings(_Model):
 
     model_config = ConfigDict(
         json_schema_extra=_validations(
+            _cel(_qualified_keys_cel("labels"), _QUALIFIED_KEYS, ".labels"),
+            _cel(_qualified_keys_cel("annotations"), _QUALIFIED_KEYS, ".annotations"),
             _cel(_owned_keys_cel("labels", OWNED_LABELS), _OWNED_LABELS, ".labels"),
             _cel(_owned_keys_cel("annotations", OWNED_ANNOTATIONS), _OWNED_ANNOTATIONS, ".annotations"),
             _cel(
@@ -717,6 +734,10 @@ class PodSettings(_Model):
         checks = (
             (_OWNED_LABELS, [key for key in self.labels if owned_label(key)]),
             (_OWNED_ANNOTATIONS, [key for key in self.annotations if owned_annotation(key)]),
+            (
+                _QUALIFIED_KEYS,
+                [key for key in [*self.labels, *self.annotations] if not re.match(_QUALIFIED_NAME, key)],
+            ),
             (_OWNED_VOLUMES, [v.name for v in self.volumes if v.name in OWNED_VOLUMES]),
             (_UNIQUE_VOLUMES, _repeated([v.name for v in self.volumes])),
             (
