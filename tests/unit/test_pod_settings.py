@@ -150,6 +150,7 @@ REFUSED = {
     "label key with a space": ({"labels": {"my team": "a"}}, "found: my team"),
     "annotation key with two slashes": ({"annotations": {"a/b/c": "x"}}, "found: a/b/c"),
     "label name too long": ({"labels": {"x" * 64: "a"}}, "qualified names"),
+    "label key ending in a newline": ({"labels": {"team\n": "a"}}, "qualified names"),
 }
 
 

@@ -736,7 +736,7 @@ class PodSettings(_Model):
             (_OWNED_ANNOTATIONS, [key for key in self.annotations if owned_annotation(key)]),
             (
                 _QUALIFIED_KEYS,
-                [key for key in [*self.labels, *self.annotations] if not re.match(_QUALIFIED_NAME, key)],
+                [key for key in [*self.labels, *self.annotations] if not re.fullmatch(_QUALIFIED_NAME, key)],
             ),
             (_OWNED_VOLUMES, [v.name for v in self.volumes if v.name in OWNED_VOLUMES]),
             (_UNIQUE_VOLUMES, _repeated([v.name for v in self.volumes])),
