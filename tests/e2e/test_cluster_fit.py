@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from stoker.api.crd import resource_schema
-from tests.e2e.helpers import get_json, wait_for, wait_ready
+from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -180,10 +180,9 @@ def test_affinity_the_api_server_refuses_is_reported_with_its_message(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
 
     def degraded() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vsvc", "bad-affinity") or {}
-        found = [c for c in (svc.get("status") or {}).get("conditions", []) if c["type"] == "Degraded"]
-        return found[0] if found and found[0]["reason"] == "ApplyFailed" else None
+        found = condition(get_json(kubectl, "-n", namespace, "vsvc", "bad-affinity"), "Degraded")
+        return found if found.get("reason") == "ApplyFailed" else None
 
-    condition = wait_for(degraded, what="Degraded=ApplyFailed")
-    assert condition["status"] == "True"
-    assert "nodeSelectorTerms" in condition["message"], condition["message"]
+    found = wait_for(degraded, what="Degraded=ApplyFailed")
+    assert found["status"] == "True"
+    assert "nodeSelectorTerms" in found["message"], found["message"]
