@@ -82,3 +82,20 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "usage: stoker phases" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "hello\nworld\n", "2026-01-01 12:00:00 INFO nginx started\n", '{"level": "info", "msg": "ok"}\n'],
+    ids=["empty", "prose", "other-program", "json-lines"],
+)
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_a_file_without_vllm_startup_lines_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, as_json: bool
+) -> None:
+    path = tmp_path / "other.log"
+    path.write_text(text)
+    assert main(["--json", str(path)] if as_json else [str(path)]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{path} has no vLLM startup lines" in captured.err

@@ -1,8 +1,9 @@
 """The VLLMService CustomResourceDefinition, generated from the pydantic models.
 
 `python -m stoker.api.crd` writes crds/ and the Helm chart's copy. pydantic's JSON schema is made structural
-for the API server: `$ref`s inlined, `X | None` unions collapsed to `X` (no `nullable`, so the API server
-prunes nulls and `has()` in CEL means "set"), no `additionalProperties: false`, no titles. Defaults come from
+for the API server: `$ref`s inlined (a field's own description, which pydantic writes beside the `$ref`,
+wins over the class docstring), `X | None` unions collapsed to `X` (no `nullable`, so the API server
+prunes nulls and `has()` in CEL means "set"), no boolean `additionalProperties`, no titles. Defaults come from
 the models; an object whose default is its class's own defaults gets `default: {}` so that the API server
 fills its fields one by one.
 """
@@ -19,6 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from stoker.api.models import (
+    API_VERSION,
     GROUP,
     KIND,
     PLURAL,
@@ -84,7 +86,9 @@ def _structural(node: Any, *, keep_defaults: bool) -> Any:
     if "const" in node:
         node["enum"] = [node.pop("const")]
     node.pop("title", None)
-    if node.get("additionalProperties") is False:
+    if isinstance(node.get("additionalProperties"), bool):
+        # false is the API server's default; true (pydantic's extra="allow") would be read as a map of
+        # untyped values and prune them: such a model says x-kubernetes-preserve-unknown-fields instead.
         del node["additionalProperties"]
     if "default" in node:
         default = _without_nones(node["default"])
@@ -107,8 +111,9 @@ def resource_schema() -> Schema:
         "description": "A vLLM deployment whose cold starts stoker keeps fast (compile-cache seeding, "
         "weight streaming) and measures.",
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": f"{API_VERSION}."},
+            "kind": {"type": "string", "description": f"{KIND}."},
+            # The API server allows nothing else here; kubectl explain shows ObjectMeta's own text.
             "metadata": {"type": "object"},
             "spec": _structural(properties["spec"], keep_defaults=True),
             "status": _structural(properties["status"], keep_defaults=False),
@@ -160,7 +165,9 @@ def build_crd() -> Schema:
                         {
                             "name": "Startup(s)",
                             "type": "number",
-                            "description": "Seconds the last replica took from scheduling to ready.",
+                            "description": "Seconds the last serving replica took from process start to"
+                            " 'Starting vLLM server on' (status.startup.last.totalSeconds); scheduling,"
+                            " image pull and container start come before it.",
                             "jsonPath": ".status.startup.last.totalSeconds",
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

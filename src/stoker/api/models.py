@@ -28,6 +28,16 @@ from stoker.api.flags import (
     sets_api_key,
     sets_owned_flag,
 )
+from stoker.api.owned import (
+    OWNED_ANNOTATIONS,
+    OWNED_KEY_PREFIX,
+    OWNED_LABELS,
+    OWNED_MOUNT_PATHS,
+    OWNED_VOLUMES,
+    owned_annotation,
+    owned_label,
+    shadows_owned_path,
+)
 from stoker.engines import (
     DEFAULT_ENGINE_VERSION,
     VERSION_PATTERN,
@@ -107,18 +117,24 @@ class _Model(BaseModel):
 
 
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1, max_length=253)
-    key: str = Field(default="token", min_length=1, max_length=253)
+    """One key of a Secret in the VLLMService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key inside the Secret.")
 
 
 class SecretRef(_Model):
-    name: str = Field(min_length=1, max_length=253)
+    """A Secret in the VLLMService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
 
 
 class HuggingFaceSource(_Model):
     """Weights from the Hugging Face hub; the token secret is needed for gated models only."""
 
-    token_secret_ref: SecretKeyRef | None = None
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding a Hugging Face token, exported as HF_TOKEN."
+    )
 
 
 _PATH_ESCAPES = "path must not contain '..' segments"
@@ -134,8 +150,10 @@ class PVCSource(_Model):
         )
     )
 
-    claim_name: str = Field(min_length=1, max_length=253)
-    path: str = Field(default="/", max_length=1024)
+    claim_name: str = Field(
+        min_length=1, max_length=253, description="PersistentVolumeClaim in the same namespace."
+    )
+    path: str = Field(default="/", max_length=1024, description="Model directory inside the claim.")
 
     @model_validator(mode="after")
     def _no_parent_segments(self) -> PVCSource:
@@ -147,9 +165,15 @@ class PVCSource(_Model):
 class S3Source(_Model):
     """Weights streamed from object storage by the Run:ai streamer (`s3://bucket/prefix`)."""
 
-    uri: str = Field(pattern=r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$", max_length=1024)
+    uri: str = Field(
+        pattern=r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$",
+        max_length=1024,
+        description="s3://bucket/prefix of the model directory.",
+    )
     credentials_secret_ref: SecretRef | None = Field(
-        default=None, description="Secret whose keys (AWS_ACCESS_KEY_ID, ...) become environment variables."
+        default=None,
+        description="Secret whose keys (AWS_ACCESS_KEY_ID, ...) become environment variables; leave it"
+        " out to use the pod's service account (pod.serviceAccountName: IRSA, workload identity).",
     )
     endpoint: str | None = Field(
         default=None, max_length=1024, description="AWS_ENDPOINT_URL, for S3-compatible stores."
@@ -160,6 +184,8 @@ _ONE_SOURCE = "exactly one of huggingFace, pvc or s3 must be set"
 
 
 class ModelSource(_Model):
+    """Where the weights come from: exactly one of huggingFace, pvc or s3."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
@@ -169,9 +195,9 @@ class ModelSource(_Model):
         )
     )
 
-    hugging_face: HuggingFaceSource | None = None
-    pvc: PVCSource | None = None
-    s3: S3Source | None = None
+    hugging_face: HuggingFaceSource | None = Field(default=None, description="The Hugging Face hub.")
+    pvc: PVCSource | None = Field(default=None, description="An existing PersistentVolumeClaim.")
+    s3: S3Source | None = Field(default=None, description="S3 or an S3-compatible object store.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
@@ -185,6 +211,8 @@ _SERVED_NAME_IS_FLAG = "model.servedModelName must not start with '-' (vLLM woul
 
 
 class ModelSpec(_Model):
+    """The model to serve and where its weights come from."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel("!self.name.startsWith('-')", _NAME_IS_FLAG, ".name"),
@@ -201,9 +229,16 @@ class ModelSpec(_Model):
         max_length=256,
         description="Model id (e.g. meta-llama/Llama-3.1-8B-Instruct); the default served model name.",
     )
-    revision: str | None = Field(default=None, min_length=1, max_length=256)
-    served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
-    source: ModelSource = Field(default_factory=lambda: ModelSource(hugging_face=HuggingFaceSource()))
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Hub revision (branch, tag or commit)."
+    )
+    served_model_name: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Model name clients send; defaults to name."
+    )
+    source: ModelSource = Field(
+        default_factory=lambda: ModelSource(hugging_face=HuggingFaceSource()),
+        description="Where the weights come from; defaults to the Hugging Face hub.",
+    )
 
     @model_validator(mode="after")
     def _not_flags(self) -> ModelSpec:
@@ -215,30 +250,40 @@ class ModelSpec(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = Field(default=None, max_length=317)
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(default=None, max_length=63)
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    """A core/v1 Toleration."""
+
+    key: str | None = Field(default=None, max_length=317, description="Taint key; empty matches every key.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Defaults to Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value, for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
 
 
 class Resources(_Model):
-    cpu: Quantity | None = None
-    memory: Quantity | None = None
+    """CPU and memory of the engine container (GPUs come from gpus)."""
+
+    cpu: Quantity | None = Field(default=None, description="CPU request.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit.")
 
 
 _VALUE_XOR_VALUE_FROM = "value and valueFrom are mutually exclusive"
 
 
 class EnvVar(_Model):
+    """An environment variable of the engine container (a core/v1 EnvVar)."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel("!(has(self.value) && has(self.valueFrom))", _VALUE_XOR_VALUE_FROM)
         )
     )
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)
-    value: str | None = Field(default=None, max_length=32768)
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256, description="Variable name.")
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
     value_from: FreeFormObject | None = Field(default=None, description="A core/v1 EnvVarSource.")
 
     @model_validator(mode="after")
@@ -266,6 +311,8 @@ def _quoted_list(items: tuple[str, ...]) -> str:
 
 
 class RuntimeSpec(_Model):
+    """How each replica runs: image, replica count, GPUs, placement, resources and engine options."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
@@ -297,7 +344,9 @@ class RuntimeSpec(_Model):
         )
     )
 
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
+    image: str = Field(
+        default=DEFAULT_IMAGE, min_length=1, max_length=512, description="vLLM image; part of the cache key."
+    )
     engine_version: str | None = Field(
         default=None,
         pattern=VERSION_PATTERN,
@@ -306,16 +355,31 @@ class RuntimeSpec(_Model):
         " Flags, environment, the cache key and log parsing follow it; a version stoker does not support"
         " is an error (Ready=False, InvalidSpec), never a guess.",
     )
-    replicas: int = Field(default=1, ge=0, le=1000)
+    replicas: int = Field(
+        default=1, ge=0, le=1000, description="Serving replicas (the scale subresource sets it)."
+    )
     gpus: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=16, description="Defaults to gpus.")
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    resources: Resources = Field(default_factory=Resources)
-    max_model_len: int | None = Field(default=None, ge=1, le=16_777_216)
-    gpu_memory_utilization: float | None = Field(default=None, ge=0.05, le=1.0)
-    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=64)
-    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the pods need. It picks the GPU model, so it is part of the cache key.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the seed and serving pods."
+    )
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory per replica.")
+    max_model_len: int | None = Field(
+        default=None, ge=1, le=16_777_216, description="--max-model-len: context length in tokens."
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, ge=0.05, le=1.0, description="--gpu-memory-utilization: share of GPU memory vLLM uses."
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=64, description="More `vllm serve` arguments, after stoker's own."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=64, description="Environment variables of the engine container."
+    )
 
     @property
     def effective_tensor_parallel_size(self) -> int:
@@ -357,6 +421,8 @@ _STREAMER_ONLY = "concurrency and memoryLimitBytes apply only to format runai_st
 
 
 class LoaderSpec(_Model):
+    """How serving pods load the weights (--load-format)."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
@@ -366,7 +432,9 @@ class LoaderSpec(_Model):
         )
     )
 
-    format: Literal["runai_streamer", "auto", "safetensors", "fastsafetensors"] = "runai_streamer"
+    format: Literal["runai_streamer", "auto", "safetensors", "fastsafetensors"] = Field(
+        default="runai_streamer", description="vLLM --load-format; not part of the cache key."
+    )
     concurrency: int | None = Field(
         default=None, ge=1, le=256, description="Streamer reader threads (streamer default: 16)."
     )
@@ -386,22 +454,31 @@ class LoaderSpec(_Model):
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 
-class CompileCacheSpec(_Model):
+class _CacheVolumeSpec(_Model):
+    """A cache PVC; subclasses set whether it is on by default and its size (fields keep this order)."""
+
+    enabled: bool
+    size: Quantity
+    storage_class_name: str | None = Field(
+        default=None, max_length=253, description="StorageClass of the PVC; the cluster default if unset."
+    )
+    access_mode: AccessMode = Field(
+        default="ReadWriteMany", description="PVC access mode; ReadWriteMany lets replicas share it."
+    )
+
+
+class CompileCacheSpec(_CacheVolumeSpec):
     """The volume behind VLLM_CACHE_ROOT (torch.compile, Triton, Inductor and model-info caches)."""
 
-    enabled: bool = True
-    size: Quantity = "20Gi"
-    storage_class_name: str | None = Field(default=None, max_length=253)
-    access_mode: AccessMode = "ReadWriteMany"
+    enabled: bool = Field(default=True, description="Keep the cache on a PVC; false uses an emptyDir.")
+    size: Quantity = Field(default="20Gi", description="Requested size of the PVC.")
 
 
-class ModelCacheSpec(_Model):
+class ModelCacheSpec(_CacheVolumeSpec):
     """A volume for HF_HOME: weights are downloaded once and served offline afterwards."""
 
-    enabled: bool = False
-    size: Quantity = "40Gi"
-    storage_class_name: str | None = Field(default=None, max_length=253)
-    access_mode: AccessMode = "ReadWriteMany"
+    enabled: bool = Field(default=False, description="Download into a PVC once (huggingFace source only).")
+    size: Quantity = Field(default="40Gi", description="Requested size of the PVC.")
 
 
 _ONE_GRAPH_SETTING = "exactly one of captureSizes, maxCaptureSize or mode must be set"
@@ -428,10 +505,14 @@ class CudaGraphsSpec(_Model):
     )
 
     capture_sizes: list[Annotated[int, Field(ge=1, le=8192)]] | None = Field(
-        default=None, min_length=1, max_length=64
+        default=None, min_length=1, max_length=64, description="Batch sizes to capture, increasing."
     )
-    max_capture_size: int | None = Field(default=None, ge=1, le=8192)
-    mode: Literal["eager"] | None = None
+    max_capture_size: int | None = Field(
+        default=None, ge=1, le=8192, description="Capture vLLM's default sizes up to this batch size."
+    )
+    mode: Literal["eager"] | None = Field(
+        default=None, description="eager: --enforce-eager, no CUDA graphs and no torch.compile."
+    )
 
     @model_validator(mode="after")
     def _one_setting(self) -> CudaGraphsSpec:
@@ -446,6 +527,8 @@ class CudaGraphsSpec(_Model):
 
 
 class SeedSpec(_Model):
+    """The seed Job that fills the compile cache before serving pods start."""
+
     enabled: bool = Field(default=True, description="Compile into the cache once, in a Job, before serving.")
     gate_rollout: bool = Field(
         default=True, description="Hold serving pods at 0 until the seed Job succeeded."
@@ -469,18 +552,244 @@ class StandbySpec(_Model):
 
 
 class ColdStartSpec(_Model):
-    loader: LoaderSpec = Field(default_factory=LoaderSpec)
-    compile_cache: CompileCacheSpec = Field(default_factory=CompileCacheSpec)
-    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec)
-    cuda_graphs: CudaGraphsSpec = Field(
-        default_factory=lambda: CudaGraphsSpec(capture_sizes=list(DEFAULT_CAPTURE_SIZES))
+    """What makes a replica start fast: weight loading, caches, CUDA graphs, seeding and standby."""
+
+    loader: LoaderSpec = Field(default_factory=LoaderSpec, description="Weight loading.")
+    compile_cache: CompileCacheSpec = Field(
+        default_factory=CompileCacheSpec, description="The persistent VLLM_CACHE_ROOT volume."
     )
-    seed: SeedSpec = Field(default_factory=SeedSpec)
+    model_cache: ModelCacheSpec = Field(default_factory=ModelCacheSpec, description="The HF_HOME volume.")
+    cuda_graphs: CudaGraphsSpec = Field(
+        default_factory=lambda: CudaGraphsSpec(capture_sizes=list(DEFAULT_CAPTURE_SIZES)),
+        description="CUDA-graph capture; part of the cache key.",
+    )
+    seed: SeedSpec = Field(default_factory=SeedSpec, description="The seed Job.")
     standby: StandbySpec | None = Field(
         default=None,
         description="Sleeping standby replicas. Setting it (even with replicas 0) adds --enable-sleep-mode,"
         " which is part of the compile-cache key, to the seed and every pod.",
     )
+
+
+# ----------------------------------------------------------------------------------------------- pod
+
+_DNS_1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Absolute, no empty, "." or ".." segments and no trailing slash, so that prefix checks are exact.
+_MOUNT_PATH = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Label and annotation keys: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_1123_SUBDOMAIN)]
+
+
+class LocalObjectReference(_Model):
+    """An object in the VLLMService's namespace, by name."""
+
+    name: ObjectName = Field(description="Name of the object.")
+
+
+class Affinity(_Model):
+    """A core/v1 Affinity. Each part keeps Kubernetes' own shape (free-form here: the CRD would otherwise
+    copy hundreds of lines of core/v1 schema); the API server checks it when stoker applies the pods."""
+
+    node_affinity: FreeFormObject | None = Field(default=None, description="A core/v1 NodeAffinity.")
+    pod_affinity: FreeFormObject | None = Field(default=None, description="A core/v1 PodAffinity.")
+    pod_anti_affinity: FreeFormObject | None = Field(default=None, description="A core/v1 PodAntiAffinity.")
+
+
+class TopologySpreadConstraint(_Model):
+    """A core/v1 TopologySpreadConstraint of the serving pods."""
+
+    max_skew: int = Field(ge=1, description="Largest allowed difference in matching pods between domains.")
+    topology_key: str = Field(
+        min_length=1, max_length=317, description="Node label that defines a domain (zone, hostname)."
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="What the scheduler does when the skew cannot be met."
+    )
+    label_selector: FreeFormObject | None = Field(
+        default=None,
+        description="A metav1.LabelSelector of the pods to count; defaults to this VLLMService's serving"
+        " pods.",
+    )
+    match_label_keys: list[Annotated[str, Field(max_length=317)]] | None = Field(
+        default=None, max_length=16, description="Pod label keys whose values narrow the selector."
+    )
+    min_domains: int | None = Field(default=None, ge=1, description="Minimum number of eligible domains.")
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether node affinity limits the domains counted."
+    )
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether node taints limit the domains counted."
+    )
+
+
+class PodVolume(_Model):
+    """A core/v1 Volume: `name` plus one volume source (configMap, secret, csi, emptyDir, ...) in
+    Kubernetes' own shape, which the API server checks when stoker applies the pods."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    name: str = Field(max_length=63, pattern=_DNS_1123_LABEL, description="Volume name.")
+
+
+class PodVolumeMount(_Model):
+    """A mount of one of pod.volumes into the engine container."""
+
+    name: str = Field(max_length=63, pattern=_DNS_1123_LABEL, description="Name of a volume in pod.volumes.")
+    mount_path: str = Field(
+        max_length=1024, pattern=_MOUNT_PATH, description="Absolute path in the container, no trailing '/'."
+    )
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+    sub_path: str | None = Field(
+        default=None, max_length=1024, description="Path inside the volume to mount instead of its root."
+    )
+
+
+_OWNED_LABELS = (
+    "pod.labels must not set keys stoker owns: "
+    + ", ".join(OWNED_LABELS)
+    + f" or any key under {OWNED_KEY_PREFIX}"
+)
+_OWNED_ANNOTATIONS = (
+    "pod.annotations must not set keys stoker owns: "
+    + ", ".join(OWNED_ANNOTATIONS)
+    + f" or any key under {OWNED_KEY_PREFIX}"
+)
+_OWNED_VOLUMES = "pod.volumes must not be named like stoker's own volumes: " + ", ".join(OWNED_VOLUMES)
+_UNIQUE_VOLUMES = "pod.volumes names must be unique"
+_MOUNT_NEEDS_VOLUME = "pod.volumeMounts must each name a volume in pod.volumes"
+_OWNED_MOUNT_PATHS = "pod.volumeMounts must not mount at, inside or above stoker's mount paths: " + ", ".join(
+    OWNED_MOUNT_PATHS
+)
+_UNIQUE_MOUNT_PATHS = "pod.volumeMounts mount paths must be unique"
+
+
+_QUALIFIED_KEYS = (
+    "pod.labels and pod.annotations keys must be qualified names: an optional DNS-subdomain prefix and '/',"
+    " then at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+)
+
+
+def _qualified_keys_cel(field: str) -> str:
+    return f"!has(self.{field}) || self.{field}.all(k, k.matches('{_QUALIFIED_NAME}'))"
+
+
+def _owned_keys_cel(field: str, owned: tuple[str, ...]) -> str:
+    return (
+        f"!has(self.{field}) || self.{field}.all(k, !(k in {_quoted_list(owned)})"
+        f" && !k.startsWith('{OWNED_KEY_PREFIX}'))"
+    )
+
+
+class PodSettings(_Model):
+    """Fits the pods to a cluster: identity, image pulls, placement, priority, metadata and extra volumes.
+
+    All apply to the seed Job's pod and the serving pods alike (the seed must run where, and as, the
+    replicas do), except topologySpreadConstraints, which spread serving pods only. None enters the
+    compile-cache key: vLLM does not hash them. The GPU model, which vLLM does hash, is the cache key's
+    runtime.nodeSelector; an affinity or runtime class that picks a different GPU model than nodeSelector
+    says is not seen by the key, so pin the GPU model with runtime.nodeSelector.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(_qualified_keys_cel("labels"), _QUALIFIED_KEYS, ".labels"),
+            _cel(_qualified_keys_cel("annotations"), _QUALIFIED_KEYS, ".annotations"),
+            _cel(_owned_keys_cel("labels", OWNED_LABELS), _OWNED_LABELS, ".labels"),
+            _cel(_owned_keys_cel("annotations", OWNED_ANNOTATIONS), _OWNED_ANNOTATIONS, ".annotations"),
+            _cel(
+                f"!has(self.volumes) || self.volumes.all(v, !(v.name in {_quoted_list(OWNED_VOLUMES)}))",
+                _OWNED_VOLUMES,
+                ".volumes",
+            ),
+            _cel(
+                "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+                _UNIQUE_VOLUMES,
+                ".volumes",
+            ),
+            _cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+                " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+                _MOUNT_NEEDS_VOLUME,
+                ".volumeMounts",
+            ),
+            _cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+                f" {_quoted_list(OWNED_MOUNT_PATHS)}.all(p, m.mountPath != p"
+                " && !m.mountPath.startsWith(p + '/') && !p.startsWith(m.mountPath + '/')))",
+                _OWNED_MOUNT_PATHS,
+                ".volumeMounts",
+            ),
+            _cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+                " self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))",
+                _UNIQUE_MOUNT_PATHS,
+                ".volumeMounts",
+            ),
+        )
+    )
+
+    service_account_name: ObjectName | None = Field(
+        default=None,
+        description="ServiceAccount the pods run as (IRSA or workload identity for an s3 source).",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16, description="Secrets for pulling the image."
+    )
+    affinity: Affinity | None = Field(default=None, description="Node and pod (anti-)affinity.")
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=8, description="How serving pods spread across zones or nodes."
+    )
+    priority_class_name: ObjectName | None = Field(default=None, description="PriorityClass of the pods.")
+    runtime_class_name: ObjectName | None = Field(default=None, description="RuntimeClass of the pods.")
+    labels: dict[str, Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]] = Field(
+        default_factory=dict, max_length=64, description="Extra pod labels (not stoker's own keys)."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=65536)]] = Field(
+        default_factory=dict, max_length=64, description="Extra pod annotations (not stoker's own keys)."
+    )
+    volumes: list[PodVolume] = Field(
+        default_factory=list, max_length=32, description="Extra volumes (not named like stoker's)."
+    )
+    volume_mounts: list[PodVolumeMount] = Field(
+        default_factory=list, max_length=32, description="Mounts of pod.volumes into the engine container."
+    )
+
+    @model_validator(mode="after")
+    def _nothing_of_stokers(self) -> PodSettings:
+        checks = (
+            (_OWNED_LABELS, [key for key in self.labels if owned_label(key)]),
+            (_OWNED_ANNOTATIONS, [key for key in self.annotations if owned_annotation(key)]),
+            (
+                _QUALIFIED_KEYS,
+                [key for key in [*self.labels, *self.annotations] if not re.fullmatch(_QUALIFIED_NAME, key)],
+            ),
+            (_OWNED_VOLUMES, [v.name for v in self.volumes if v.name in OWNED_VOLUMES]),
+            (_UNIQUE_VOLUMES, _repeated([v.name for v in self.volumes])),
+            (
+                _MOUNT_NEEDS_VOLUME,
+                [m.name for m in self.volume_mounts if m.name not in {v.name for v in self.volumes}],
+            ),
+            (
+                _OWNED_MOUNT_PATHS,
+                [m.mount_path for m in self.volume_mounts if shadows_owned_path(m.mount_path)],
+            ),
+            (_UNIQUE_MOUNT_PATHS, _repeated([m.mount_path for m in self.volume_mounts])),
+        )
+        for message, offending in checks:
+            if offending:
+                raise ValueError(f"{message} (found: {', '.join(offending)})")
+        return self
+
+
+def _repeated(items: list[str]) -> list[str]:
+    return sorted({item for item in items if items.count(item) > 1})
 
 
 _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
@@ -494,6 +803,8 @@ _STANDBY_API_KEY_ENV = (
 
 
 class VLLMServiceSpec(_Model):
+    """The desired state: a model, how replicas run, how they start fast, and how pods fit the cluster."""
+
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
@@ -521,9 +832,18 @@ class VLLMServiceSpec(_Model):
         )
     )
 
-    model: ModelSpec
-    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
-    cold_start: ColdStartSpec = Field(default_factory=ColdStartSpec)
+    model: ModelSpec = Field(description="The model to serve.")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="How each replica runs.")
+    cold_start: ColdStartSpec = Field(
+        default_factory=ColdStartSpec,
+        description="Cold-start settings: loader, caches, graphs, seed, standby.",
+    )
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        description="How the seed and serving pods fit the cluster: identity, image pulls, placement,"
+        " priority, metadata, extra volumes. None enters the compile-cache key, so pin the GPU model with"
+        " runtime.nodeSelector, not with affinity or a runtime class.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> VLLMServiceSpec:
@@ -548,21 +868,27 @@ class _StatusModel(BaseModel):
 
 
 class Condition(_StatusModel):
-    """metav1.Condition."""
+    """A metav1.Condition: Ready, Progressing or Degraded."""
 
-    type: str = Field(max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(default="", max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: datetime | None = None
-    observed_generation: int | None = None
+    type: str = Field(max_length=316, description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", max_length=1024, description="CamelCase reason, for machines.")
+    message: str = Field(default="", max_length=32768, description="What happened, for people.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from."
+    )
 
 
 class CacheStatus(_StatusModel):
-    key: str | None = None
-    seeded_key: str | None = None
-    seeded_at: datetime | None = None
-    last_hit: bool | None = None
+    """The compile cache: the key the spec asks for and the key the seed Job filled."""
+
+    key: str | None = Field(default=None, description="Compile-cache key of the current spec.")
+    seeded_key: str | None = Field(default=None, description="Key the last successful seed Job filled.")
+    seeded_at: datetime | None = Field(default=None, description="When that seed Job succeeded.")
+    last_hit: bool | None = Field(
+        default=None, description="Whether the last serving start loaded its graphs from the cache."
+    )
 
 
 class StartupRecord(_StatusModel):
@@ -571,9 +897,13 @@ class StartupRecord(_StatusModel):
     totalSeconds counts from process start to `Starting vLLM server`; the Kubernetes phases precede it.
     """
 
-    pod: str | None = None
-    total_seconds: float | None = None
-    compile_cache: Literal["hit", "miss", "none"] | None = None
+    pod: str | None = Field(default=None, description="Pod name.")
+    total_seconds: float | None = Field(
+        default=None, description="Seconds from process start to `Starting vLLM server on`."
+    )
+    compile_cache: Literal["hit", "miss", "none"] | None = Field(
+        default=None, description="hit: graphs loaded from the cache; miss: compiled; none: no compile."
+    )
     compile_cache_reason: Literal["loadFailed"] | None = Field(
         default=None,
         description="Why a miss: loadFailed means a kept compile cache was there but could not be loaded.",
@@ -581,71 +911,91 @@ class StartupRecord(_StatusModel):
     engine_version: str | None = Field(
         default=None, max_length=64, description="vLLM version the log announced, else the spec's."
     )
-    phases: dict[str, float] = Field(default_factory=dict)
+    phases: dict[str, float] = Field(
+        default_factory=dict, description="Seconds per phase (scheduling, imagePull, ..., apiReady)."
+    )
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
-    failed: bool | None = None
-    reason: str | None = None
-    finished_at: datetime | None = None
+    failed: bool | None = Field(default=None, description="The start failed before serving.")
+    reason: str | None = Field(default=None, description="Why it failed, from the log.")
+    finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
 
 
 class StartupSample(_StatusModel):
     """A parsed container start; (uid, restarts) identifies it so each start is parsed once."""
 
-    pod: str
-    uid: str
-    restarts: int = 0
-    total_seconds: float | None = None
-    compile_cache: Literal["hit", "miss", "none"] | None = None
+    pod: str = Field(description="Pod name.")
+    uid: str = Field(description="Pod uid.")
+    restarts: int = Field(default=0, description="Container restarts before this start.")
+    total_seconds: float | None = Field(
+        default=None, description="Seconds from process start to `Starting vLLM server on`."
+    )
+    compile_cache: Literal["hit", "miss", "none"] | None = Field(
+        default=None, description="hit, miss or none (no compile)."
+    )
 
 
 class StartupSummary(_StatusModel):
-    samples: int = 0
-    p50_total_seconds: float | None = None
-    max_total_seconds: float | None = None
+    """totalSeconds over the recent serving starts."""
+
+    samples: int = Field(default=0, description="Starts summarised.")
+    p50_total_seconds: float | None = Field(default=None, description="Median totalSeconds.")
+    max_total_seconds: float | None = Field(default=None, description="Largest totalSeconds.")
 
 
 class StartupStatus(_StatusModel):
-    last: StartupRecord | None = None
-    seed: StartupRecord | None = None
-    recent: StartupSummary | None = None
-    history: list[StartupSample] = Field(default_factory=list, max_length=100)
+    """Where replicas' start-up seconds went, parsed from their logs."""
+
+    last: StartupRecord | None = Field(default=None, description="The latest serving replica's start.")
+    seed: StartupRecord | None = Field(default=None, description="The latest seed Job run.")
+    recent: StartupSummary | None = Field(default=None, description="Summary of recent serving starts.")
+    history: list[StartupSample] = Field(
+        default_factory=list, max_length=100, description="Recent serving starts, oldest first."
+    )
 
 
 class PodRole(_StatusModel):
     """A serving pod's role: active pods are behind the Service, standby pods are not."""
 
-    pod: str
-    role: Literal["active", "standby"]
-    asleep: bool = False
+    pod: str = Field(description="Pod name.")
+    role: Literal["active", "standby"] = Field(description="active: serving; standby: out of the Service.")
+    asleep: bool = Field(default=False, description="The pod's engine is in sleep mode.")
 
 
 class WakeRecord(_StatusModel):
     """The last standby wake: seconds from POST /wake_up to each step, ending at a served completion."""
 
-    pod: str
-    wake_seconds: float | None = None
-    health_seconds: float | None = None
+    pod: str = Field(description="Pod woken.")
+    wake_seconds: float | None = Field(default=None, description="POST /wake_up until it answered.")
+    health_seconds: float | None = Field(default=None, description="Wake to a healthy /health.")
     served_seconds: float | None = Field(default=None, description="Wake to first served completion.")
-    failed: bool | None = None
-    reason: str | None = None
-    at: datetime | None = None
+    failed: bool | None = Field(default=None, description="The pod was not served in time and was replaced.")
+    reason: str | None = Field(default=None, description="Why the wake failed.")
+    at: datetime | None = Field(default=None, description="When the wake started.")
 
 
 class StandbyStatus(_StatusModel):
-    pods: list[PodRole] = Field(default_factory=list, max_length=1100)
-    last_wake: WakeRecord | None = None
+    """Standby replicas: each serving pod's role and the last wake."""
+
+    pods: list[PodRole] = Field(default_factory=list, max_length=1100, description="Each serving pod's role.")
+    last_wake: WakeRecord | None = Field(default=None, description="The last wake of a standby pod.")
 
 
 class VLLMServiceStatus(_StatusModel):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    replicas: int | None = None
-    ready_replicas: int | None = None
+    """What the operator observed; written through the status subresource."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the operator last reconciled."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
+    replicas: int | None = Field(default=None, description="Active serving pods (the scale subresource's).")
+    ready_replicas: int | None = Field(default=None, description="Active serving pods that are Ready.")
     standby_replicas: int | None = Field(default=None, description="Standby pods asleep.")
-    selector: str | None = None
-    cache: CacheStatus | None = None
-    startup: StartupStatus | None = None
-    standby: StandbyStatus | None = None
+    selector: str | None = Field(
+        default=None, description="Label selector of the active serving pods, for an HPA."
+    )
+    cache: CacheStatus | None = Field(default=None, description="Compile-cache keys.")
+    startup: StartupStatus | None = Field(default=None, description="Start-up timings per phase.")
+    standby: StandbyStatus | None = Field(default=None, description="Standby pods and wakes.")
 
 
 # ------------------------------------------------------------------------------------------ resource
@@ -674,8 +1024,8 @@ class VLLMService(BaseModel):
     api_version: str = API_VERSION
     kind: str = KIND
     metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: VLLMServiceSpec
-    status: VLLMServiceStatus | None = None
+    spec: VLLMServiceSpec = Field(description="The desired state.")
+    status: VLLMServiceStatus | None = Field(default=None, description="The observed state.")
 
     @model_validator(mode="after")
     def _valid_name(self) -> VLLMService:

@@ -12,13 +12,15 @@ from stoker.phases.timeline import StartupTimeline
 EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_A_STARTUP_LOG = 3
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stoker phases",
         description="Break a vLLM startup log into timed phases.",
-        epilog="Exit status: 0 parsed, 1 the log shows a failed startup, 2 bad usage or unreadable file.",
+        epilog="Exit status: 0 parsed, 1 the log shows a failed startup, 2 bad usage or unreadable file,"
+        " 3 no vLLM startup lines in the file.",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("file", metavar="FILE", help="log file, or - for standard input")
@@ -37,6 +39,13 @@ def main(argv: list[str]) -> int:
         print(f"stoker phases: cannot read {arguments.file}: {error.strerror or error}", file=sys.stderr)
         return EXIT_USAGE
 
+    if not (timeline.phases or timeline.failed or timeline.ready):
+        print(
+            f"stoker phases: {arguments.file} has no vLLM startup lines (no startup phase ends in it):"
+            " not a vLLM log, or one cut off before its first phase",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_A_STARTUP_LOG
     if arguments.json:
         print(json.dumps(timeline.to_json_dict(), indent=2))
     else:

@@ -16,7 +16,7 @@ from stoker.render.names import (
     object_meta,
     server_selector_labels,
 )
-from stoker.render.pods import pod_spec
+from stoker.render.pods import pod_metadata, pod_spec
 
 # The Deployment controller flags a rollout as stalled after this long; a cold compile can take most of it.
 PROGRESS_DEADLINE_SECONDS = 3600
@@ -47,7 +47,7 @@ def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
             "selector": {"matchLabels": server_selector_labels(svc.name)},
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": dict(annotations)},
+                "metadata": pod_metadata(svc, pod_labels, annotations),
                 "spec": pod_spec(svc, "serve", engine_invocation(svc, "serve")),
             },
         },

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stoker.api import VLLMService
+from stoker.api.owned import CACHE_MOUNT_PATH, MODEL_CACHE_MOUNT_PATH, MODEL_SOURCE_MOUNT_PATH
 from stoker.engines import EngineFlags, EngineProfile
 
 Role = Literal["seed", "serve"]
 
 PORT = 8000
-CACHE_MOUNT_PATH = "/var/cache/vllm"
-MODEL_CACHE_MOUNT_PATH = "/var/cache/huggingface"
-MODEL_SOURCE_MOUNT_PATH = "/models"
 ENGINE_COMMAND = ["vllm", "serve"]
 SEED_LOAD_FORMAT = "dummy"
 

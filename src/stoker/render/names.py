@@ -1,26 +1,28 @@
-"""Deterministic child names and the labels stoker puts on them."""
+"""Deterministic child names and the labels stoker puts on them (label and annotation keys are defined in
+stoker.api.owned and re-exported here for the renderers and the controller)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stoker.api import VLLMService
+from stoker.api.owned import ASLEEP_ANNOTATION as ASLEEP_ANNOTATION
+from stoker.api.owned import CACHE_KEY_ANNOTATION as CACHE_KEY_ANNOTATION
+from stoker.api.owned import (
+    CACHE_KEY_LABEL,
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    ROLE_LABEL,
+)
+from stoker.api.owned import DELETION_COST_ANNOTATION as DELETION_COST_ANNOTATION
+from stoker.api.owned import STANDBY_SINCE_ANNOTATION as STANDBY_SINCE_ANNOTATION
 
 Json = dict[str, Any]
 
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-CACHE_KEY_LABEL = "stoker.dev/cache-key"
-CACHE_KEY_ANNOTATION = "stoker.dev/cache-key"
-
-# Standby replicas: the Service selects role=active; the operator moves pods between the roles.
-ROLE_LABEL = "stoker.dev/role"
 ROLE_ACTIVE = "active"
 ROLE_STANDBY = "standby"
-ASLEEP_ANNOTATION = "stoker.dev/asleep-at"
-STANDBY_SINCE_ANNOTATION = "stoker.dev/standby-since"
-# The ReplicaSet controller deletes pods of lower cost first: standby pods go before active ones.
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 STANDBY_DELETION_COST = "-100"
 CONTROL_TOKEN_KEY = "token"
 
@@ -55,9 +57,9 @@ def service_name(name: str) -> str:
 
 def common_labels(name: str, component: str | None = None, short_key: str | None = None) -> dict[str, str]:
     labels = {
-        "app.kubernetes.io/name": "vllm",
+        NAME_LABEL: "vllm",
         INSTANCE_LABEL: name,
-        "app.kubernetes.io/managed-by": "stoker",
+        MANAGED_BY_LABEL: "stoker",
     }
     if component:
         labels[COMPONENT_LABEL] = component

@@ -5,16 +5,26 @@ from __future__ import annotations
 import copy
 
 from stoker.api import VLLMService
-from stoker.guard import CONTROL_TOKEN_ENV
-from stoker.render.engine import (
+from stoker.api.owned import (
     CACHE_MOUNT_PATH,
+    CACHE_VOLUME,
     MODEL_CACHE_MOUNT_PATH,
+    MODEL_CACHE_VOLUME,
     MODEL_SOURCE_MOUNT_PATH,
-    PORT,
-    EngineInvocation,
-    Role,
+    MODEL_SOURCE_VOLUME,
+    SHM_MOUNT_PATH,
+    SHM_VOLUME,
 )
-from stoker.render.names import CONTROL_TOKEN_KEY, Json, cache_pvc_name, control_secret_name, model_pvc_name
+from stoker.guard import CONTROL_TOKEN_ENV
+from stoker.render.engine import PORT, EngineInvocation, Role
+from stoker.render.names import (
+    CONTROL_TOKEN_KEY,
+    Json,
+    cache_pvc_name,
+    control_secret_name,
+    model_pvc_name,
+    server_selector_labels,
+)
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
@@ -104,27 +114,30 @@ def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
     cold_start = svc.spec.cold_start
     # Without a compile-cache volume the path still exists (emptyDir), so the invocation stays the same.
     cache_volume: Json = (
-        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_pvc_name(svc.name)}}
+        {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache_pvc_name(svc.name)}}
         if cold_start.compile_cache.enabled
-        else {"name": "cache", "emptyDir": {}}
+        else {"name": CACHE_VOLUME, "emptyDir": {}}
     )
     volumes = [cache_volume]
-    mounts: list[Json] = [{"name": "cache", "mountPath": CACHE_MOUNT_PATH}]
+    mounts: list[Json] = [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT_PATH}]
     if cold_start.model_cache.enabled:
         volumes.append(
-            {"name": "model-cache", "persistentVolumeClaim": {"claimName": model_pvc_name(svc.name)}}
+            {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": model_pvc_name(svc.name)}}
         )
-        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT_PATH})
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT_PATH})
     pvc = svc.spec.model.source.pvc
     if pvc is not None:
         volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
+            {
+                "name": MODEL_SOURCE_VOLUME,
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
         )
-        mounts.append({"name": "model", "mountPath": MODEL_SOURCE_MOUNT_PATH, "readOnly": True})
+        mounts.append({"name": MODEL_SOURCE_VOLUME, "mountPath": MODEL_SOURCE_MOUNT_PATH, "readOnly": True})
     if svc.spec.runtime.effective_tensor_parallel_size > 1:
         # NCCL and vLLM's shared-memory broadcast need more than the runtime's 64 MiB /dev/shm.
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH})
     return volumes, mounts
 
 
@@ -137,7 +150,7 @@ def _download_container(svc: VLLMService, invocation: EngineInvocation, mounts: 
             for arg in ("python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or "")
         ],
         "env": _env({"HF_HOME": MODEL_CACHE_MOUNT_PATH}, _hf_token_env(svc)),
-        "volumeMounts": [dict(m) for m in mounts if m["name"] == "model-cache"],
+        "volumeMounts": [dict(m) for m in mounts if m["name"] == MODEL_CACHE_VOLUME],
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
 
@@ -193,4 +206,47 @@ def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation) -> Json
         ]
     if role == "seed":
         spec["restartPolicy"] = "Never"
+    _apply_pod_settings(svc, role, spec)
     return spec
+
+
+def pod_metadata(svc: VLLMService, labels: dict[str, str], annotations: dict[str, str]) -> Json:
+    """Pod template metadata: the user's pod labels and annotations, then stoker's (the API refuses user
+    keys stoker owns, so neither overrides the other)."""
+    return {
+        "labels": {**svc.spec.pod.labels, **labels},
+        "annotations": {**svc.spec.pod.annotations, **annotations},
+    }
+
+
+def _topology_spread(svc: VLLMService) -> list[Json]:
+    constraints = []
+    for constraint in svc.spec.pod.topology_spread_constraints:
+        rendered = constraint.model_dump(by_alias=True, exclude_none=True)
+        # Without a selector a constraint counts no pods; the useful default is this service's replicas.
+        rendered.setdefault("labelSelector", {"matchLabels": server_selector_labels(svc.name)})
+        constraints.append(rendered)
+    return constraints
+
+
+def _apply_pod_settings(svc: VLLMService, role: Role, spec: Json) -> None:
+    """spec.pod onto a rendered pod spec. The same for the seed and the serving pods, which must run where
+    and as each other, except topology spread: it spreads serving replicas, and the seed is one pod."""
+    pod = svc.spec.pod
+    if pod.service_account_name:
+        spec["serviceAccountName"] = pod.service_account_name
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [ref.model_dump(by_alias=True) for ref in pod.image_pull_secrets]
+    if pod.affinity is not None:
+        spec["affinity"] = pod.affinity.model_dump(by_alias=True, exclude_none=True)
+    if pod.topology_spread_constraints and role == "serve":
+        spec["topologySpreadConstraints"] = _topology_spread(svc)
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    if pod.runtime_class_name:
+        spec["runtimeClassName"] = pod.runtime_class_name
+    spec["volumes"].extend(volume.model_dump(by_alias=True) for volume in pod.volumes)
+    engine = next(c for c in spec["containers"] if c["name"] == ENGINE_CONTAINER)
+    engine["volumeMounts"].extend(
+        mount.model_dump(by_alias=True, exclude_none=True) for mount in pod.volume_mounts
+    )

@@ -15,7 +15,7 @@ from stoker.render.names import (
     object_meta,
     seed_job_name,
 )
-from stoker.render.pods import HEALTH_PATH, pod_spec
+from stoker.render.pods import HEALTH_PATH, pod_metadata, pod_spec
 
 SEED_BACKOFF_LIMIT = 1
 SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
@@ -90,7 +90,7 @@ def build_seed_job(svc: VLLMService) -> Json:
             "backoffLimit": SEED_BACKOFF_LIMIT,
             "activeDeadlineSeconds": SEED_ACTIVE_DEADLINE_SECONDS,
             "template": {
-                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                "metadata": pod_metadata(svc, labels, annotations),
                 "spec": pod_spec(svc, "seed", seed_invocation(svc)),
             },
         },
