@@ -22,7 +22,7 @@ from tests.e2e.helpers import get_json, wait_for, wait_ready
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = REPO / "examples" / "minimal.yaml"
-BURST = 30
+BURST = 12  # with the standby service, 15 of the test cluster's 16 fake GPUs
 LEASE = "stoker-leader"
 ACQUIRED = re.compile(r"Acquired lease .* identity=(\S+)")
 TAKEOVER_BOUND_SECONDS = 15.0
@@ -86,8 +86,8 @@ def test_a_follower_takes_over_when_the_leader_is_killed_mid_burst(
 
             kubectl("-n", namespace, "apply", "-f", "-", input=burst(namespace))
             wait_for(
-                lambda: len(children_per_owner(kubectl, namespace, "deployments")) >= 1 + BURST // 4,
-                what="a quarter of the burst's Deployments",
+                lambda: len(children_per_owner(kubectl, namespace, "deployments")) >= 2,
+                what="the burst's first Deployment",
             )
             leader.kill()
             killed_at = time.monotonic()
