@@ -3,6 +3,11 @@
 Prints p50/p99 seconds from apply to Deployment created, seconds until all are Ready, and the
 operator's peak RSS; writes the figures to bench/results/operator-scale.json.
 
+In the same run, as a yardstick on the same loaded machine: the built-in Deployment controller's reaction
+(Deployment seen -> its ReplicaSet seen, both by watch), and where stoker's seconds go: the API server's
+latency to a trivial GET during the burst, the time new objects waited in the operator's work queue, and
+the mean reconcile.
+
     .venv/bin/python bench/operator_scale.py [--count 200]
 
 It starts its own control plane (hack/cluster, own work dir and ports) and its own operator process,
@@ -42,6 +47,48 @@ def manifest(index: int) -> dict:
         "kind": "VLLMService",
         "metadata": {"name": f"svc-{index:04d}", "namespace": NAMESPACE},
         "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "runtime": {"replicas": 1}},
+    }
+
+
+def first_seen(list_call, key_of, seen: dict[str, float], stop: threading.Event, count: int) -> None:
+    """Watch a namespace's objects and note when each key was first seen (monotonic)."""
+    stream = watch.Watch()
+    # Plain JSON, no model objects: the watcher must not lag behind what it times.
+    for event in stream.stream(list_call, NAMESPACE, timeout_seconds=600, deserialize=False):
+        key = key_of(event["object"])
+        if key:
+            seen.setdefault(key, time.monotonic())
+        if stop.is_set() or len(seen) >= count:
+            stream.stop()
+
+
+def owning_deployment(replica_set: dict) -> str | None:
+    owners = replica_set["metadata"].get("ownerReferences") or [{}]
+    return owners[0].get("name") if owners[0].get("kind") == "Deployment" else None
+
+
+def probe_api(core, latencies: list[float], stop: threading.Event) -> None:
+    """The API server's latency to a trivial GET, every 0.25 s: how loaded the shared machine is."""
+    while not stop.wait(0.25):
+        started = time.monotonic()
+        core.read_namespace(NAMESPACE, _preload_content=False).read()
+        latencies.append(time.monotonic() - started)
+
+
+def metric_sum_count(exposition: str, name: str) -> tuple[float, float]:
+    def total(suffix: str) -> float:
+        return sum(
+            float(line.split()[-1]) for line in exposition.splitlines() if line.startswith(f"{name}_{suffix}")
+        )
+
+    return total("sum"), total("count")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(statistics.median(values), 3),
+        "p99": round(percentile(values, 0.99), 3),
+        "mean": round(statistics.fmean(values), 3),
     }
 
 
@@ -117,24 +164,33 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
     try:
         wait_live(operator)
         deployment_seen: dict[str, float] = {}
+        replica_set_seen: dict[str, float] = {}  # by owning Deployment
+        api_latencies: list[float] = []
         stop = threading.Event()
-
-        def watch_deployments() -> None:
-            apps = client.AppsV1Api(api_client)
-            stream = watch.Watch()
-            # Plain JSON, no model objects: the watcher must not lag behind what it times.
-            events = stream.stream(
-                apps.list_namespaced_deployment, NAMESPACE, timeout_seconds=600, deserialize=False
+        apps = client.AppsV1Api(api_client)
+        watchers = [
+            threading.Thread(target=target, args=args, daemon=True)
+            for target, args in (
+                (
+                    first_seen,
+                    (
+                        apps.list_namespaced_deployment,
+                        lambda o: o["metadata"]["name"],
+                        deployment_seen,
+                        stop,
+                        count,
+                    ),
+                ),
+                (
+                    first_seen,
+                    (apps.list_namespaced_replica_set, owning_deployment, replica_set_seen, stop, count),
+                ),
+                (probe_api, (client.CoreV1Api(api_client), api_latencies, stop)),
             )
-            for event in events:
-                name = event["object"]["metadata"]["name"]
-                deployment_seen.setdefault(name, time.monotonic())
-                if stop.is_set() or len(deployment_seen) >= count:
-                    stream.stop()
-
-        watcher = threading.Thread(target=watch_deployments, daemon=True)
-        watcher.start()
-        time.sleep(1)  # the watch is established before the first apply
+        ]
+        for watcher in watchers:
+            watcher.start()
+        time.sleep(1)  # the watches are established before the first apply
 
         custom = client.CustomObjectsApi(api_client)
         applied: dict[str, float] = {}
@@ -165,6 +221,11 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
             time.sleep(0.5)
         stop.set()
         latencies = [deployment_seen[name] - applied[name] for name in applied if name in deployment_seen]
+        controller = [
+            replica_set_seen[name] - deployment_seen[name]
+            for name in replica_set_seen
+            if name in deployment_seen
+        ]
         with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
             exposition = response.read().decode()
         reconciles = sum(
@@ -172,22 +233,30 @@ def measure(count: int, env: dict[str, str], cluster: Path) -> dict:
             for line in exposition.splitlines()
             if line.startswith("stoker_reconcile_total{")
         )
-        reconcile_seconds = sum(
-            float(line.split()[-1])
-            for line in exposition.splitlines()
-            if line.startswith("stoker_reconcile_duration_seconds_sum{")
-        )
+        reconcile_seconds, reconcile_count = metric_sum_count(exposition, "stoker_reconcile_duration_seconds")
+        wait_seconds, waits = metric_sum_count(exposition, "stoker_workqueue_urgent_wait_seconds")
+        stoker = summary(latencies)
+        deployment_controller = summary(controller)
         return {
             "services": count,
             "applySeconds": round(apply_seconds, 2),
             "deploymentsCreated": len(latencies),
-            "applyToDeploymentP50Seconds": round(statistics.median(latencies), 3),
-            "applyToDeploymentP99Seconds": round(percentile(latencies, 0.99), 3),
+            "applyToDeploymentP50Seconds": stoker["p50"],
+            "applyToDeploymentP99Seconds": stoker["p99"],
+            "applyToDeploymentMeanSeconds": stoker["mean"],
+            # The yardstick: the built-in Deployment controller on the same machine, in the same run.
+            "deploymentToReplicaSetSeconds": {**deployment_controller, "samples": len(controller)},
+            "p99RatioStokerToDeploymentController": round(
+                stoker["p99"] / max(deployment_controller["p99"], 1e-3), 2
+            ),
+            # Where stoker's seconds go.
+            "apiServerGetLatencySeconds": {**summary(api_latencies), "samples": len(api_latencies)},
+            "meanUrgentQueueWaitSeconds": round(wait_seconds / max(waits, 1), 3),
+            "meanReconcileSeconds": round(reconcile_seconds / max(reconcile_count, 1), 3),
             "allReadySeconds": round(all_ready_at - started, 2) if all_ready_at else None,
             "operatorPeakRssMiB": round(peak_rss_mib(operator.pid), 1),
             "operatorCpuSeconds": round(cpu_seconds(operator.pid), 1),
             "reconciles": int(reconciles),
-            "meanReconcileSeconds": round(reconcile_seconds / max(reconciles, 1), 3),
             "machine": f"{os.cpu_count()} cores",
         }
     finally:

@@ -219,3 +219,14 @@ def operator(cluster: Cluster, crd: None) -> Iterator[Operator]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def admin_operator_paused(operator: Operator) -> Iterator[None]:
+    """The session's admin operator would reconcile the same objects: it stops while a test runs operators
+    of its own, and starts again afterwards."""
+    operator.stop()
+    try:
+        yield
+    finally:
+        operator.start()

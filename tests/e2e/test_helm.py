@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,7 @@ def test_chart_versions_and_crd_copy_match_the_project() -> None:
 def test_operator_deployment_is_hardened(helm: Helm) -> None:
     (deployment,) = of_kind(rendered(helm), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2  # one leads (a Lease), the other waits to take over
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     (container,) = pod["containers"]
@@ -118,6 +118,28 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["STOKER_METRICS_PORT"] == "8080" and env["STOKER_LIVENESS_PORT"] == "8081"
     assert env["STOKER_NAMESPACES"] == "[]"
+    assert (
+        env["STOKER_LEADER_ELECTION"] == "true"
+        and env["STOKER_LEADER_ELECTION_LEASE_NAME"] == "stoker-leader"
+    )
+    assert env["STOKER_CONTROL_KEY_SECRET"] == "stoker-control-key" and "STOKER_CONTROL_KEY" not in env
+    (budget,) = of_kind(rendered(helm), "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    assert not of_kind(rendered(helm, "--set", "replicas=1"), "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(
+    "values", [[], ["--set", "watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"]]
+)
+def test_every_namespaced_object_names_the_release_namespace(helm: Helm, values: list[str]) -> None:
+    """`helm template | kubectl apply` puts an object without a namespace in kubectl's (often `default`)."""
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for doc in rendered(helm, *values):
+        if doc["kind"] not in cluster_scoped:
+            assert doc["metadata"].get("namespace"), doc["kind"] + "/" + doc["metadata"]["name"]
+    # Nothing in the chart generates the control key: re-rendering it cannot rotate the key.
+    assert not of_kind(rendered(helm), "Secret")
 
 
 def bind_addresses(helm: Helm, *values: str) -> dict[str, Any]:
@@ -156,10 +178,38 @@ def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [rule for role in of_kind(docs, kind) for rule in role["rules"]]
 
 
+def workload_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Roles for watched namespaces, without the one for the operator's own state."""
+    return [role for role in of_kind(docs, "Role") if not role["metadata"]["name"].endswith("-state")]
+
+
+def test_operator_state_rights_are_named_and_in_its_namespace(helm: Helm) -> None:
+    (state,) = [
+        role for role in of_kind(rendered(helm), "Role") if role["metadata"]["name"] == "stoker-state"
+    ]
+    assert state["metadata"]["namespace"] == "ops"
+    assert state["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["stoker-leader"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["stoker-control-key"],
+            "verbs": ["get"],
+        },
+    ]
+
+
 @pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
 def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     docs = rendered(helm, *(["--set", "watchNamespaces={ml,research}"] if mode == "namespaced" else []))
-    rules = rules_of(docs, "ClusterRole") + rules_of(docs, "Role")
+    rules = rules_of(docs, "ClusterRole") + [rule for role in workload_roles(docs) for rule in role["rules"]]
     for rule in rules:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
@@ -179,9 +229,8 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("", "secrets")] == {"create", "patch"}
     assert ("", "configmaps") not in verbs
     assert not any("escalate" in v or "bind" in v or "impersonate" in v for v in verbs.values())
-    workload_roles = of_kind(docs, "Role") if mode == "namespaced" else of_kind(docs, "ClusterRole")
     if mode == "namespaced":
-        assert sorted(role["metadata"]["namespace"] for role in workload_roles) == ["ml", "research"]
+        assert sorted(role["metadata"]["namespace"] for role in workload_roles(docs)) == ["ml", "research"]
         # Cluster-wide, only what kopf observes: CRDs, and the namespaces it filters.
         assert rules_of(docs, "ClusterRole") == [
             {
@@ -210,10 +259,25 @@ def test_service_monitor_is_optional(helm: Helm) -> None:
 # ------------------------------------------------------------------------------ install, run, uninstall
 
 
+def chart_settings(kubectl, namespace: str) -> dict[str, str]:
+    """The chart Deployment's literal STOKER_* values for the operator's own state (key, Lease), and the
+    namespace the downward API would give it."""
+    deployment = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
+    assert deployment is not None
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    settings = {
+        item["name"]: item["value"]
+        for item in env
+        if "value" in item and item["name"].startswith(("STOKER_CONTROL_KEY", "STOKER_LEADER_ELECTION"))
+    }
+    return {**settings, "STOKER_OPERATOR_NAMESPACE": namespace}
+
+
 def chart_identity_operator(
     cluster, kubectl, namespace: str, service_account: str, watch: list[str]
 ) -> Operator:
-    """`stoker run` signed in as the chart's ServiceAccount (a minted token), on ports of its own."""
+    """`stoker run` signed in as the chart's ServiceAccount (a minted token), with the chart's settings for
+    its key and Lease, on ports of its own."""
     kubeconfig = cluster.work_dir / f"chart-operator-{namespace}.kubeconfig"
     token = kubectl("-n", namespace, "create", "token", service_account, "--duration=3600s").stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
@@ -234,23 +298,30 @@ def chart_identity_operator(
     )
     kubeconfig.chmod(0o600)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return Operator(
+    running = Operator(
         cluster,
         ARTIFACTS / f"chart-operator-{namespace}.log",
         metrics_port=METRICS_PORT,
-        env={"KUBECONFIG": str(kubeconfig), "STOKER_NAMESPACES": json.dumps(watch)},
+        env={
+            "KUBECONFIG": str(kubeconfig),
+            "STOKER_NAMESPACES": json.dumps(watch),
+            **chart_settings(kubectl, namespace),
+        },
     )
+    running.env.pop("STOKER_CONTROL_KEY")  # the chart sets none: the key comes from the operator's Secret
+    return running
 
 
-@pytest.fixture
-def admin_operator_paused(operator) -> Iterator[None]:
-    """The session's admin operator would reconcile the same objects: it stops while a test runs the
-    operator under the chart's identity, and starts again afterwards."""
-    operator.stop()
-    try:
-        yield
-    finally:
-        operator.start()
+def control_key(kubectl, namespace: str) -> dict[str, str]:
+    secret = get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")
+    assert secret is not None, f"no control key Secret in {namespace}"
+    assert len(secret["data"]["key"]) >= 48
+    return dict(secret["data"])
+
+
+def lease_holder(kubectl, namespace: str) -> str:
+    lease = get_json(kubectl, "-n", namespace, "lease", f"{RELEASE}-leader")
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
 def released_objects(kubectl, namespace: str) -> list[str]:
@@ -280,7 +351,7 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
     values = ["--set", f"watchNamespaces={{{namespace}}}"] if watch else []
     helm("install", RELEASE, str(CHART), "--namespace", namespace, "--wait", "--timeout", "120s", *values)
     deployment = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
-    assert deployment and deployment["status"].get("availableReplicas") == 1
+    assert deployment and deployment["status"].get("availableReplicas") == 2
     service_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
 
     # What the identity may not do: least privilege, checked by the API server's own authorizer.
@@ -314,12 +385,12 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
         assert 'stoker_reconcile_total{result="converged"}' in metrics
         assert 'stoker_reconcile_total{result="error"}' not in metrics
         log = chart_operator.log()
+        assert lease_holder(kubectl, namespace)
     # Nothing the operator or kopf asked for was refused.
     refusals = [line for line in log.splitlines() if "Forbidden" in line or " 403" in line]
     assert not refusals, "\n".join(refusals[:10])
 
-    key = get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")
-    assert key and len(key["data"]["key"]) >= 48
+    key = control_key(kubectl, namespace)
     helm(
         "upgrade",
         RELEASE,
@@ -336,17 +407,63 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
     upgraded = get_json(kubectl, "-n", namespace, "deployment", RELEASE)
     assert upgraded is not None
     env = {e["name"]: e.get("value") for e in upgraded["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["STOKER_LOG_LEVEL"] == "DEBUG" and upgraded["spec"]["strategy"]["type"] == "Recreate"
+    assert env["STOKER_LOG_LEVEL"] == "DEBUG"
     assert json.loads(helm("history", RELEASE, "-n", namespace, "-o", "json").stdout)[-1]["revision"] == 2
-    # An upgrade keeps the control key: standby pods stay wakeable.
-    assert get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")["data"] == key["data"]
+    # An upgrade and a restart keep the control key: standby pods stay wakeable.
+    with chart_identity_operator(cluster, kubectl, namespace, service_account, watch):
+        pass  # a restart: the operator reads its key at start, before it is live
+    assert control_key(kubectl, namespace) == key
 
     assert released_objects(kubectl, namespace)
     helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "120s")
     assert released_objects(kubectl, namespace) == []
+    # The operator's key is its own (Helm never generated it): a reinstall keeps standby pods wakeable.
+    assert control_key(kubectl, namespace) == key
     # CRDs from crds/ stay, as Helm intends, and so do the user's VLLMServices.
     assert get_json(kubectl, "crd", "vllmservices.stoker.dev")
     assert get_json(kubectl, "-n", namespace, "vllmservice", example_name())
+
+
+def test_kubectl_apply_of_helm_template_installs_in_the_release_namespace_and_keeps_the_key(
+    namespace: str, kubectl, helm: Helm, cluster, crd: None, admin_operator_paused: None
+) -> None:
+    """The README's second install path, applied again, changed (an upgrade) and restarted."""
+
+    def apply_chart(*values: str) -> None:
+        manifest = helm("template", RELEASE, str(CHART), "--namespace", namespace, *values).stdout
+        kubectl("apply", "-f", "-", input=manifest)
+
+    apply_chart()
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/managed-by=Helm"
+    placed = kubectl(
+        "get", "all,secrets,roles,rolebindings,serviceaccounts,pdb", "-A", "-l", selector, "-o", "json"
+    )
+    namespaces = {item["metadata"]["namespace"] for item in json.loads(placed.stdout)["items"]}
+    assert namespace in namespaces and "default" not in namespaces
+    wait_for(
+        lambda: (
+            (get_json(kubectl, "-n", namespace, "deployment", RELEASE) or {})
+            .get("status", {})
+            .get("readyReplicas")
+            == 2
+        ),
+        what="both operator replicas ready",
+    )
+    service_account = RELEASE
+    with chart_identity_operator(cluster, kubectl, namespace, service_account, []):
+        kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
+        wait_ready(kubectl, namespace, example_name())
+        key = control_key(kubectl, namespace)
+        apply_chart()  # re-applied unchanged
+    assert control_key(kubectl, namespace) == key
+    apply_chart("--set", "operator.logLevel=DEBUG")  # an upgrade
+    with chart_identity_operator(cluster, kubectl, namespace, service_account, []):
+        svc = wait_ready(kubectl, namespace, example_name())
+        assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
+    assert control_key(kubectl, namespace) == key
+    secret = get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")
+    assert secret and secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "stoker"}
+    assert get_json(kubectl, "-n", "default", "secret", f"{RELEASE}-control-key") is None
 
 
 # ------------------------------------------------------------------------------------------------- GitOps

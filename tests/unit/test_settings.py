@@ -30,3 +30,30 @@ def test_a_bind_address_must_be_an_ip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_METRICS_BIND_ADDRESS", "everywhere")
     with pytest.raises(ValidationError):
         OperatorSettings()
+
+
+def test_leader_election_is_off_outside_the_chart_with_timings_that_take_over_within_15_s() -> None:
+    settings = OperatorSettings()
+    assert settings.leader_election is False
+    # Worst case after the leader's last renewal: the lease, plus two retries to notice and take it.
+    assert settings.leader_election_lease_seconds + 2 * settings.leader_election_retry_seconds < 15
+
+
+@pytest.mark.parametrize(
+    ("lease", "renew", "retry"),
+    [("6", "6", "2"), ("10", "2", "2"), ("8", "12", "2")],
+)
+def test_election_timings_must_nest(
+    monkeypatch: pytest.MonkeyPatch, lease: str, renew: str, retry: str
+) -> None:
+    monkeypatch.setenv("STOKER_LEADER_ELECTION_LEASE_SECONDS", lease)
+    monkeypatch.setenv("STOKER_LEADER_ELECTION_RENEW_DEADLINE_SECONDS", renew)
+    monkeypatch.setenv("STOKER_LEADER_ELECTION_RETRY_SECONDS", retry)
+    with pytest.raises(ValidationError, match="STOKER_LEADER_ELECTION_LEASE_SECONDS >"):
+        OperatorSettings()
+
+
+def test_the_control_key_secret_name_must_be_a_kubernetes_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOKER_CONTROL_KEY_SECRET", "Not A Name")
+    with pytest.raises(ValidationError):
+        OperatorSettings()

@@ -43,6 +43,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   namespace: {{ .Release.Namespace }}
 {{- end -}}
 
+{{/* The Secret holding the standby control key; the operator creates it in its own namespace. */}}
+{{- define "stoker.controlKeySecret" -}}
+{{- printf "%s-control-key" (include "stoker.fullname" .) -}}
+{{- end -}}
+
+{{/* The Lease the operator's replicas elect their leader on. */}}
+{{- define "stoker.leaseName" -}}
+{{- printf "%s-leader" (include "stoker.fullname" .) -}}
+{{- end -}}
+
 {{- define "stoker.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}

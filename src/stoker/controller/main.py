@@ -9,10 +9,13 @@ import sys
 
 import kopf
 import prometheus_client
-from pydantic import ValidationError
+from kubernetes.client.exceptions import ApiException
+from pydantic import SecretStr, ValidationError
 
 from stoker.controller import handlers
+from stoker.controller.controlkey import ControlKeyError, ensure_control_key
 from stoker.controller.kube import Kube, load_config
+from stoker.controller.leader import lead
 from stoker.controller.reconcile import Reconciler
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import WorkQueue
@@ -32,9 +35,20 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     load_config()
-    reconciler = Reconciler(Kube(settings.field_manager, connections=settings.workers + 4), settings)
+    kube = Kube(settings.field_manager, connections=settings.workers + 4)
+    if settings.control_key is None and settings.control_key_secret:
+        try:
+            key = ensure_control_key(kube, settings.operator_namespace, settings.control_key_secret)
+        except (ApiException, ControlKeyError) as error:
+            print(f"cannot get the control key: {error}", file=sys.stderr)
+            return 2
+        settings = settings.model_copy(update={"control_key": SecretStr(key)})
+    reconciler = Reconciler(kube, settings)
     queue = WorkQueue(reconciler.reconcile, settings.workers, resync_interval=settings.drift_interval_seconds)
-    queue.start()
+    if settings.leader_election:
+        lead(settings, queue.start)
+    else:
+        queue.start()
     handlers.register(queue)
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)

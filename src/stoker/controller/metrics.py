@@ -13,6 +13,11 @@ RECONCILE_SECONDS = Histogram(
     ["result"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+URGENT_WAIT_SECONDS = Histogram(
+    "stoker_workqueue_urgent_wait_seconds",
+    "Time a new or edited VLLMService waited in the work queue for a free worker.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 STARTUP_PHASE_SECONDS = Histogram(
     "stoker_startup_phase_seconds",
     "Seconds each startup phase took, per replica or seed run.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv6Address
 
-from pydantic import Field, IPvAnyAddress, SecretStr
+from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,15 +29,48 @@ class OperatorSettings(BaseSettings):
     workers: int = Field(16, ge=1, le=256, description="Threads running reconciles at once.")
     control_key: SecretStr | None = Field(
         None,
-        description="Key the standby control tokens are derived from; keep it across restarts (the chart"
-        " keeps it in a Secret). Unset: a random key per process, so standby pods started before a restart"
-        " fail their wake and are replaced.",
+        description="Key the standby control tokens are derived from; keep it across restarts. Unset, with"
+        " control_key_secret: read from that Secret, which the operator creates once. Unset without it: a"
+        " random key per process, so standby pods started before a restart fail their wake and are replaced.",
     )
+    control_key_secret: str = Field(
+        "",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+        description="Secret in operator_namespace holding the control key: created with a random key if"
+        " absent, never overwritten, so re-applies, upgrades, restarts and a second replica keep the key.",
+    )
+    operator_namespace: str = Field(
+        "default", min_length=1, description="The operator's own namespace: its control key and its Lease."
+    )
+    leader_election: bool = Field(
+        False, description="Reconcile only while holding the Lease, so that replicas can run side by side."
+    )
+    leader_election_lease_name: str = Field("stoker-leader", min_length=1)
+    # A follower takes over at most lease + 2 retry periods after the leader's last renewal (12 s here).
+    leader_election_lease_seconds: int = Field(8, ge=2)
+    leader_election_renew_deadline_seconds: int = Field(
+        6, ge=2, description="A leader that cannot renew for this long exits (and is restarted)."
+    )
+    leader_election_retry_seconds: int = Field(2, ge=1)
     standby_drain_seconds: float = Field(
         5.0, ge=0, description="A demoted pod leaves the Service this long before it is put to sleep."
     )
     standby_sleep_timeout_seconds: float = Field(300.0, gt=0, description="Bound on one /sleep call.")
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @model_validator(mode="after")
+    def _election_timings_nest(self) -> OperatorSettings:
+        # A leader must give up before its lease can be taken, and retry more than once before that.
+        if not (
+            self.leader_election_lease_seconds
+            > self.leader_election_renew_deadline_seconds
+            > 1.2 * self.leader_election_retry_seconds
+        ):
+            raise ValueError(
+                "need STOKER_LEADER_ELECTION_LEASE_SECONDS > STOKER_LEADER_ELECTION_RENEW_DEADLINE_SECONDS"
+                " > 1.2 * STOKER_LEADER_ELECTION_RETRY_SECONDS"
+            )
+        return self
 
     @property
     def liveness_endpoint(self) -> str:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 
+from stoker.controller.metrics import URGENT_WAIT_SECONDS
+
 log = logging.getLogger(__name__)
 
 ObjectKey = tuple[str, str]  # (namespace, name)
@@ -51,7 +53,7 @@ class WorkQueue:
         self._due_at: dict[ObjectKey, float] = {}  # key -> when its live heap entry is due
         # Keys whose spec changed (or that are new) go before everything in the heap: a user's edit
         # should not wait behind a storm of child events.
-        self._urgent: deque[ObjectKey] = deque()
+        self._urgent: deque[tuple[ObjectKey, float]] = deque()  # (key, when it was added)
         self._active: set[ObjectKey] = set()
         self._again: dict[ObjectKey, bool] = {}  # keys named while under reconcile -> resync wanted
         self._failures: dict[ObjectKey, int] = {}
@@ -79,8 +81,8 @@ class WorkQueue:
                 return
             self._queued[key] = self._queued.get(key, False) or resync
             if urgent:
-                if key not in self._urgent:
-                    self._urgent.append(key)
+                if all(waiting != key for waiting, _ in self._urgent):
+                    self._urgent.append((key, time.monotonic()))
                     self._cond.notify()
                 return
             if key in self._due_at and self._due_at[key] <= due:
@@ -93,8 +95,9 @@ class WorkQueue:
         with self._cond:
             while not self._stopped:
                 while self._urgent:
-                    key = self._urgent.popleft()
+                    key, added = self._urgent.popleft()
                     if key in self._queued:  # not taken from the heap meanwhile
+                        URGENT_WAIT_SECONDS.observe(time.monotonic() - added)
                         self._due_at.pop(key, None)  # its heap entry, if any, is stale now
                         self._active.add(key)
                         return key, self._queued.pop(key)
