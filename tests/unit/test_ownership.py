@@ -1,5 +1,6 @@
 from stoker.controller.ownership import (
     ChildConflict,
+    apply_ownership_patch,
     conflicts,
     created_by_deployment,
     foreign_template_items,
@@ -131,3 +132,27 @@ def test_only_pods_of_the_deployments_replicasets_are_the_standby_pools():
     assert not created_by_deployment(pod({"pod-template-hash": "5d8f"}, []), "x")
     assert not created_by_deployment(pod({"pod-template-hash": "5d8f"}, [{**rs, "name": "y-5d8f"}]), "x")
     assert not created_by_deployment(pod({"pod-template-hash": "5d8f"}, [{**rs, "kind": "Job"}]), "x")
+
+
+def test_a_created_childs_fields_become_applied_ones_so_later_applies_can_remove_them() -> None:
+    created = {
+        "metadata": {
+            "managedFields": [
+                {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status"},
+                {"manager": "stoker", "operation": "Update", "fieldsV1": {"f:metadata": {}}},
+            ]
+        }
+    }
+    assert apply_ownership_patch(created, "stoker") == [
+        {"op": "test", "path": "/metadata/managedFields/1/manager", "value": "stoker"},
+        {"op": "test", "path": "/metadata/managedFields/1/operation", "value": "Update"},
+        {"op": "replace", "path": "/metadata/managedFields/1/operation", "value": "Apply"},
+    ]
+
+
+def test_fields_already_applied_or_set_by_others_need_no_patch() -> None:
+    applied = {"metadata": {"managedFields": [{"manager": "stoker", "operation": "Apply"}]}}
+    others = {"metadata": {"managedFields": [{"manager": "kubectl", "operation": "Update"}]}}
+    assert apply_ownership_patch(applied, "stoker") is None
+    assert apply_ownership_patch(others, "stoker") is None
+    assert apply_ownership_patch({"metadata": {}}, "stoker") is None

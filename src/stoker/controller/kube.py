@@ -15,6 +15,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from stoker.api import GROUP, KIND, PLURAL, VERSION
+from stoker.controller.ownership import apply_ownership_patch
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,29 @@ class Kube:
         return dict(result.to_dict())
 
     def create(self, obj: Manifest) -> Manifest:
-        """Create only: the API server answers 409 if anything of that name exists by now."""
-        result = self._resource(obj["apiVersion"], obj["kind"]).create(
-            body=obj, namespace=obj["metadata"].get("namespace"), field_manager=self.field_manager
+        """Create only: the API server answers 409 if anything of that name exists by now. The fields the
+        create set are then owned as applied, so later applies can remove what stoker stops rendering."""
+        meta = obj["metadata"]
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        created = dict(
+            resource.create(body=obj, namespace=meta["namespace"], field_manager=self.field_manager).to_dict()
         )
-        return dict(result.to_dict())
+        try:
+            self._own_as_applied(created)
+        except ApiException as error:
+            if error.status != 422:
+                raise
+            # The managedFields list moved since the create (a controller wrote status): read it again.
+            fresh = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if fresh is not None:
+                self._own_as_applied(fresh)
+        return created
+
+    def _own_as_applied(self, obj: Manifest) -> None:
+        ops = apply_ownership_patch(obj, self.field_manager)
+        if ops is not None:
+            meta = obj["metadata"]
+            self.patch_json(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], ops)
 
     def patch_json(self, api_version: str, kind: str, namespace: str, name: str, ops: list[Manifest]) -> None:
         """A JSON patch; its `test` operations make it all-or-nothing against what the caller read."""

@@ -69,6 +69,25 @@ def conflicts(owner_uid: str, live: list[tuple[str, Manifest]]) -> list[ChildCon
     ]
 
 
+def apply_ownership_patch(created: Manifest, manager: str) -> list[Manifest] | None:
+    """A JSON patch that turns what `manager` set by creating `created` into fields it applied.
+
+    A create is an Update operation in managedFields; server-side apply only removes a field that its own
+    Apply entry owns, so without this a label or env variable later dropped from the rendered child would
+    stay forever. The same upgrade kubectl's csaupgrade makes, on the entry's index, with `test`s so that it
+    fails rather than touch another manager's entry if the list moved since the create."""
+    for index, entry in enumerate(created["metadata"].get("managedFields") or []):
+        created_here = entry.get("operation") == "Update" and not entry.get("subresource")
+        if entry.get("manager") == manager and created_here:
+            path = f"/metadata/managedFields/{index}"
+            return [
+                {"op": "test", "path": f"{path}/manager", "value": manager},
+                {"op": "test", "path": f"{path}/operation", "value": "Update"},
+                {"op": "replace", "path": f"{path}/operation", "value": "Apply"},
+            ]
+    return None
+
+
 def never_shrink(desired: Manifest, live: Manifest) -> Manifest:
     """A PVC as desired, but keeping a larger live storage request: the API server refuses a shrink, and
     a user who expanded the volume meant it."""
