@@ -393,6 +393,15 @@ class CompileCacheSpec(_Model):
     size: Quantity = "20Gi"
     storage_class_name: str | None = Field(default=None, max_length=253)
     access_mode: AccessMode = "ReadWriteMany"
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description=(
+            "What happens to the cache PVC when the VLLMService is deleted. Retain (the default, as for a"
+            " StatefulSet's volumes): the PVC carries no owner reference and stays, and the next VLLMService"
+            " of the same name in the namespace takes it back and skips the seed if the cache key it"
+            " records matches. Delete: the PVC is garbage-collected with the VLLMService."
+        ),
+    )
 
 
 class ModelCacheSpec(_Model):
@@ -583,6 +592,11 @@ class StartupRecord(_StatusModel):
     )
     phases: dict[str, float] = Field(default_factory=dict)
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
+    pod_template_hash: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The pod's ReplicaSet (pod-template-hash); `last` is cleared once no pod of it runs.",
+    )
     failed: bool | None = None
     reason: str | None = None
     finished_at: datetime | None = None
@@ -594,6 +608,7 @@ class StartupSample(_StatusModel):
     pod: str
     uid: str
     restarts: int = 0
+    pod_template_hash: str | None = Field(default=None, max_length=64)
     total_seconds: float | None = None
     compile_cache: Literal["hit", "miss", "none"] | None = None
 

@@ -12,6 +12,12 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 CACHE_KEY_LABEL = "stoker.dev/cache-key"
 CACHE_KEY_ANNOTATION = "stoker.dev/cache-key"
+# On every compile-cache PVC stoker creates: the VLLMService (same namespace) it caches for. A retained
+# claim without owner references is taken back only by a VLLMService of that name; see ownership.py.
+RETAINED_CACHE_ANNOTATION = "stoker.dev/compile-cache-of"
+# The full compile-cache key a seed filled the volume for: a later VLLMService taking a retained claim
+# back skips the seed when its key is the same.
+SEEDED_KEY_ANNOTATION = "stoker.dev/seeded-key"
 
 # Standby replicas: the Service selects role=active; the operator moves pods between the roles.
 ROLE_LABEL = "stoker.dev/role"

@@ -1,0 +1,17 @@
+from stoker.controller.objects import still_running
+
+
+def pod(name: str, template_hash: str) -> dict:
+    return {"metadata": {"name": name, "labels": {"pod-template-hash": template_hash}}}
+
+
+def test_a_record_stays_current_while_its_replicaset_has_pods():
+    record = {"pod": "llm-aaa-1", "podTemplateHash": "aaa"}
+    assert still_running(record, [pod("llm-aaa-2", "aaa")])  # a sibling of the same rollout
+    assert not still_running(record, [pod("llm-bbb-1", "bbb")])  # replaced by an edit
+    assert not still_running(record, [])  # scaled to zero
+
+
+def test_a_record_without_a_template_hash_falls_back_to_its_pod():
+    assert still_running({"pod": "llm-aaa-1"}, [pod("llm-aaa-1", "aaa")])
+    assert not still_running({"pod": "llm-aaa-1"}, [pod("llm-aaa-2", "aaa")])
