@@ -19,6 +19,16 @@ pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
 
 
+def apply_llama(kubectl, namespace: str, name: str) -> None:
+    svc = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+
+
 @pytest.mark.parametrize(
     ("recording", "cache", "degraded"),
     [("seeded-serving.log", "hit", "AsExpected"), ("streamer-cold-cache.log", "miss", "CompileCacheMiss")],
@@ -26,13 +36,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "v
 def test_recorded_startups_reach_status_events_and_metrics(
     recording, cache, degraded, namespace, kubectl, operator, tmp_path
 ):
-    svc = {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": "timed"},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
-    }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply_llama(kubectl, namespace, "timed")
     instance = "app.kubernetes.io/instance=timed"
     seed_pod = print_recording(
         kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
@@ -117,13 +121,7 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
 
 
 def test_after_an_edit_status_no_longer_shows_the_replaced_pod(namespace, kubectl, operator, tmp_path):
-    svc = {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": "edited"},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
-    }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply_llama(kubectl, namespace, "edited")
     server = "app.kubernetes.io/instance=edited,app.kubernetes.io/component=server"
     old_pod = print_recording(kubectl, namespace, server, FIXTURES / "seeded-serving.log", tmp_path)
 

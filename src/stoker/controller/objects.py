@@ -34,3 +34,14 @@ def still_running(record: Manifest, pods: list[Manifest]) -> bool:
     return any(
         (pod["metadata"].get("labels") or {}).get("pod-template-hash") == template_hash for pod in pods
     )
+
+
+def merge_patch(before: Manifest, after: Manifest) -> Manifest:
+    """A JSON merge patch (RFC 7386) turning `before` into `after`: what `after` has, and null for each
+    key it dropped (a merge patch leaves absent keys as they were, so a cleared record would stay)."""
+    patch: Manifest = {}
+    for key, value in after.items():
+        old = before.get(key)
+        patch[key] = merge_patch(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    patch.update({key: None for key in before.keys() - after.keys()})
+    return patch

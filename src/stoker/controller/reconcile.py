@@ -39,7 +39,13 @@ from stoker.controller.diagnose import (
     worth_a_closer_look,
 )
 from stoker.controller.kube import Kube, Manifest
-from stoker.controller.objects import main_container_status, parse_time, pod_is_ready, still_running
+from stoker.controller.objects import (
+    main_container_status,
+    merge_patch,
+    parse_time,
+    pod_is_ready,
+    still_running,
+)
 from stoker.controller.ownership import (
     ChildConflict,
     conflicts,
@@ -169,7 +175,8 @@ class Reconciler:
             if claim is not None and stokers("PersistentVolumeClaim", claim, uid, svc.name)
             else None
         )
-        if claim_seeded_key == key and cache.get("seededKey") != key:
+        seeding = seed_wanted(svc)
+        if seeding and claim_seeded_key == key and cache.get("seededKey") != key:
             # A kept cache (an earlier VLLMService of this name, or this one before an edit and back)
             # already holds this key's artifacts: no seed Job.
             cache["seededKey"], cache["seededAt"] = key, now_rfc3339()
@@ -178,7 +185,6 @@ class Reconciler:
                 "CacheReused",
                 f"PVC {claim_name} holds the compile cache for key {short_key}; no seed job",
             )
-        seeding = seed_wanted(svc)
         seed_name = seed_job_name(svc.name, short_key)
         seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
         # Once seeded and its run recorded, the Job has nothing more to tell.
@@ -480,10 +486,12 @@ class Reconciler:
 
     def _write_status(self, body: Manifest, new_status: Manifest) -> None:
         # Through the status model: what is written has the CRD's shape, or this fails loudly here.
-        wanted = _status_document(new_status)
-        if wanted == _status_document(body.get("status") or {}):
+        wanted, written = _status_document(new_status), _status_document(body.get("status") or {})
+        if wanted == written:
             return  # nothing changed: no write, no watch event, no churn
-        self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], wanted)
+        self.kube.patch_service_status(
+            body["metadata"]["namespace"], body["metadata"]["name"], merge_patch(written, wanted)
+        )
 
     def _remove_superseded_seeds(self, svc: VLLMService, owner_uid: str, short_key: str) -> None:
         """Seed Jobs of earlier keys that stoker created; a Job with look-alike labels is left alone."""
