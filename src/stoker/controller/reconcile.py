@@ -160,7 +160,8 @@ class Reconciler:
             self._block(body, "InvalidSpec", validation_message(error))
             return "invalid", None
 
-        # Observe: the children as they are. Only what carries this object's owner reference is stoker's.
+        # Observe: the children as they are. Only what carries this object's owner reference is stoker's,
+        # and a compile-cache claim kept for this name (ownership.retained_cache_of).
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
         compile_cache = svc.spec.cold_start.compile_cache
