@@ -137,10 +137,9 @@ def test_delete_policy_hands_the_claim_to_garbage_collection(namespace, kubectl,
         lambda: owned_by(get_json(kubectl, "-n", namespace, "pvc", "drop-cache"), svc), what="owned again"
     )
     kubectl("-n", namespace, "delete", "vsvc", "drop")
-    wait_for(
-        lambda: (
-            get_json(kubectl, "-n", namespace, "pvc", "drop-cache") is None
-            or get_json(kubectl, "-n", namespace, "pvc", "drop-cache")["metadata"].get("deletionTimestamp")
-        ),
-        what="claim garbage-collected",
-    )
+
+    def collected():
+        pvc = get_json(kubectl, "-n", namespace, "pvc", "drop-cache")
+        return pvc is None or pvc["metadata"].get("deletionTimestamp")
+
+    wait_for(collected, what="claim garbage-collected")
