@@ -326,8 +326,9 @@ def test_a_restricted_namespace_either_admits_the_pods_or_is_named(namespace, ku
 
 WAITING = {
     # reason -> what in the spec makes a kubelet report it
-    "InvalidImageName": {"image": "registry.example/vllm:a tag with spaces"},
-    "ImagePullBackOff": {"image": "registry.example/does-not-exist:1"},
+    # Tags that name no vLLM version: the engine version is given, else the spec is invalid before any pod.
+    "InvalidImageName": {"image": "registry.example/vllm:a tag with spaces", "engineVersion": "0.26.0"},
+    "ImagePullBackOff": {"image": "registry.example/does-not-exist:1", "engineVersion": "0.26.0"},
     "CreateContainerConfigError": {
         "env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k"}}}]
     },
