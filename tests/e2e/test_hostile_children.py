@@ -228,14 +228,17 @@ def test_an_object_owned_by_something_else_is_not_taken(namespace, kubectl, oper
 
 
 def test_a_child_of_another_vllmservice_is_not_taken(namespace, kubectl, operator):
-    # The first object's PVC, moved under a second object of the same name: a different uid.
-    apply(kubectl, namespace, service("twin"))
+    # The first object's PVC, moved under a second object of the same name: a different uid. (With
+    # retentionPolicy Retain it would have no owner and be taken back: tests/e2e/test_cache_retention.py.)
+    twin = service("twin")
+    twin["spec"]["coldStart"]["compileCache"] = {"retentionPolicy": "Delete"}
+    apply(kubectl, namespace, twin)
     first = wait_ready(kubectl, namespace, "twin")
     hold = {"metadata": {"finalizers": ["kubernetes.io/pvc-protection", "test.stoker.dev/hold"]}}
     kubectl("-n", namespace, "patch", "pvc", "twin-cache", "--type=merge", "-p", json.dumps(hold))
     kubectl("-n", namespace, "delete", "vllmservice", "twin", "--wait=false")
     wait_for(lambda: get_json(kubectl, "-n", namespace, "vllmservice", "twin") is None, what="twin deleted")
-    apply(kubectl, namespace, service("twin"))
+    apply(kubectl, namespace, twin)
     # The old PVC is still there (held by the finalizer, owned by the first object's uid).
     svc = wait_degraded(kubectl, namespace, "twin", "ChildConflict")
     assert svc["metadata"]["uid"] != first["metadata"]["uid"]
@@ -322,7 +325,8 @@ def test_a_restricted_namespace_either_admits_the_pods_or_is_named(namespace, ku
 
 
 WAITING = {
-    # reason -> what in the spec makes a kubelet report it (a tag naming no vLLM version needs engineVersion)
+    # reason -> what in the spec makes a kubelet report it
+    # Tags that name no vLLM version: the engine version is given, else the spec is invalid before any pod.
     "InvalidImageName": {"image": "registry.example/vllm:a tag with spaces", "engineVersion": "0.26.0"},
     "ImagePullBackOff": {"image": "registry.example/does-not-exist:1", "engineVersion": "0.26.0"},
     "CreateContainerConfigError": {

@@ -54,7 +54,9 @@ def test_each_example_converges_with_owned_children(example, namespace, kubectl,
         cold_start = manifest["spec"].get("coldStart", {})
         if cold_start.get("compileCache", {}).get("enabled", True):
             pvc = get_json(kubectl, "-n", namespace, "pvc", f"{name}-cache")
-            assert pvc and owned_by(pvc, svc) and pvc["status"]["phase"] == "Bound"
+            # Retain (the default): no owner reference, stoker's annotation naming the VLLMService.
+            assert pvc and pvc["status"]["phase"] == "Bound" and not pvc["metadata"].get("ownerReferences")
+            assert pvc["metadata"]["annotations"]["stoker.dev/compile-cache-of"] == name
             if cold_start.get("seed", {}).get("enabled", True):
                 job_name = f"{name}-seed-{svc['status']['cache']['key'][:10]}"
                 job = get_json(kubectl, "-n", namespace, "job", job_name)
@@ -130,11 +132,12 @@ def test_deleting_the_service_garbage_collects_its_children(namespace, kubectl, 
     kubectl("-n", namespace, "delete", "vsvc", "gone")
 
     def all_gone():
+        # The compile-cache PVC is kept (retentionPolicy Retain): tests/e2e/test_cache_retention.py.
         left = kubectl(
             "-n",
             namespace,
             "get",
-            "deployment,service,job,pvc",
+            "deployment,service,job",
             "-l",
             "app.kubernetes.io/instance=gone",
             "-o",
@@ -143,6 +146,7 @@ def test_deleting_the_service_garbage_collects_its_children(namespace, kubectl, 
         return not left
 
     wait_for(all_gone, timeout=120, what="children garbage-collected")
+    assert get_json(kubectl, "-n", namespace, "pvc", "gone-cache")
 
 
 def test_an_operator_killed_mid_reconcile_converges_without_duplicates(namespace, kubectl, operator):

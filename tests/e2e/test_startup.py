@@ -19,6 +19,16 @@ pytestmark = pytest.mark.e2e
 FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
 
 
+def apply_llama(kubectl, namespace: str, name: str) -> None:
+    svc = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+
+
 @pytest.mark.parametrize(
     ("recording", "cache", "degraded"),
     [("seeded-serving.log", "hit", "AsExpected"), ("streamer-cold-cache.log", "miss", "CompileCacheMiss")],
@@ -26,13 +36,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "v
 def test_recorded_startups_reach_status_events_and_metrics(
     recording, cache, degraded, namespace, kubectl, operator, tmp_path
 ):
-    svc = {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": "timed"},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
-    }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply_llama(kubectl, namespace, "timed")
     instance = "app.kubernetes.io/instance=timed"
     seed_pod = print_recording(
         kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
@@ -114,3 +118,38 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
     assert startup["last"]["pod"] == pod and startup["last"]["compileCache"] == "miss"
     assert startup["last"]["totalSeconds"] == pytest.approx(expected.total_seconds, abs=0.01)
     assert startup["last"]["phases"]["bootstrap"] == pytest.approx(expected.phases["bootstrap"], abs=0.01)
+
+
+def test_after_an_edit_status_no_longer_shows_the_replaced_pod(namespace, kubectl, operator, tmp_path):
+    apply_llama(kubectl, namespace, "edited")
+    server = "app.kubernetes.io/instance=edited,app.kubernetes.io/component=server"
+    old_pod = print_recording(kubectl, namespace, server, FIXTURES / "seeded-serving.log", tmp_path)
+
+    def last_pod():
+        status = (get_json(kubectl, "-n", namespace, "vllmservice", "edited") or {}).get("status") or {}
+        return ((status.get("startup") or {}).get("last") or {}).get("pod")
+
+    wait_for(lambda: last_pod() == old_pod, what="the first pod's start in status")
+    # A change outside the cache key: a new ReplicaSet, no new seed.
+    patch = {"spec": {"runtime": {"env": [{"name": "APP_MODE", "value": "edited"}]}}}
+    kubectl("-n", namespace, "patch", "vsvc", "edited", "--type=merge", "-p", json.dumps(patch))
+    wait_for(
+        lambda: get_json(kubectl, "-n", namespace, "pod", old_pod) is None, timeout=180, what="old pod gone"
+    )
+
+    def current():
+        obj = get_json(kubectl, "-n", namespace, "vllmservice", "edited") or {}
+        status = obj.get("status") or {}
+        last = (status.get("startup") or {}).get("last")
+        fresh = status.get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if fresh and (last is None or last["pod"] != old_pod) else None
+
+    obj = wait_for(current, what="status without the replaced pod as last")
+    status = obj["status"]
+    last = status["startup"].get("last")
+    if last is not None:  # the new pod's own start, if already parsed
+        assert get_json(kubectl, "-n", namespace, "pod", last["pod"]) is not None
+        assert last["podTemplateHash"] != old_pod.split("-")[-2]
+    assert old_pod in [sample["pod"] for sample in status["startup"]["history"]]  # history is kept
+    for kind in ("Ready", "CacheSeeded", "Progressing", "Degraded"):
+        assert condition(obj, kind).get("message"), kind

@@ -6,6 +6,8 @@ from stoker.controller.ownership import (
     foreign_template_items,
     never_shrink,
     owned_by,
+    release,
+    retained_cache_of,
 )
 
 UID = "1111-aaaa"
@@ -27,6 +29,7 @@ def test_only_an_object_with_this_owner_uid_is_stokers():
 def test_every_object_in_the_way_is_a_conflict_naming_it():
     found = conflicts(
         UID,
+        "x",
         [
             ("PersistentVolumeClaim", obj("x-cache")),
             ("Service", obj("x", UID)),
@@ -156,3 +159,33 @@ def test_fields_already_applied_or_set_by_others_need_no_patch() -> None:
     assert apply_ownership_patch(applied, "stoker") is None
     assert apply_ownership_patch(others, "stoker") is None
     assert apply_ownership_patch({"metadata": {}}, "stoker") is None
+
+
+def kept_claim(annotation: str | None, *owners: str) -> dict:
+    claim = obj("x-cache", *owners)
+    if annotation is not None:
+        claim["metadata"]["annotations"] = {"stoker.dev/compile-cache-of": annotation}
+    return claim
+
+
+def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name():
+    assert retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x")
+    # A user's own claim, one kept for another VLLMService, or one with any owner is still refused.
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim(None), "x")
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("y"), "x")
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x", "another-vllmservice-uid"), "x")
+    assert not retained_cache_of("Deployment", kept_claim("x"), "x")
+    found = conflicts(
+        UID,
+        "x",
+        [("PersistentVolumeClaim", kept_claim("x")), ("PersistentVolumeClaim", kept_claim(None))],
+    )
+    assert found == [ChildConflict("PersistentVolumeClaim", "ns", "x-cache")]
+
+
+def test_release_removes_only_this_owners_reference_after_testing_it():
+    assert release(obj("x-cache", "other", UID), UID) == [
+        {"op": "test", "path": "/metadata/ownerReferences/1/uid", "value": UID},
+        {"op": "remove", "path": "/metadata/ownerReferences/1"},
+    ]
+    assert release(obj("x-cache", "other"), UID) == []

@@ -472,6 +472,15 @@ class CompileCacheSpec(_CacheVolumeSpec):
 
     enabled: bool = Field(default=True, description="Keep the cache on a PVC; false uses an emptyDir.")
     size: Quantity = Field(default="20Gi", description="Requested size of the PVC.")
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description=(
+            "What happens to the cache PVC when the VLLMService is deleted. Retain (the default, as for a"
+            " StatefulSet's volumes): the PVC carries no owner reference and stays, and the next VLLMService"
+            " of the same name in the namespace takes it back and skips the seed if the cache key it"
+            " records matches. Delete: the PVC is garbage-collected with the VLLMService."
+        ),
+    )
 
 
 class ModelCacheSpec(_CacheVolumeSpec):
@@ -915,6 +924,11 @@ class StartupRecord(_StatusModel):
         default_factory=dict, description="Seconds per phase (scheduling, imagePull, ..., apiReady)."
     )
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
+    pod_template_hash: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The pod's ReplicaSet (pod-template-hash); `last` is cleared once no pod of it runs.",
+    )
     failed: bool | None = Field(default=None, description="The start failed before serving.")
     reason: str | None = Field(default=None, description="Why it failed, from the log.")
     finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
@@ -926,6 +940,9 @@ class StartupSample(_StatusModel):
     pod: str = Field(description="Pod name.")
     uid: str = Field(description="Pod uid.")
     restarts: int = Field(default=0, description="Container restarts before this start.")
+    pod_template_hash: str | None = Field(
+        default=None, max_length=64, description="The pod's ReplicaSet (pod-template-hash)."
+    )
     total_seconds: float | None = Field(
         default=None, description="Seconds from process start to `Starting vLLM server on`."
     )

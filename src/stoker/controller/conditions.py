@@ -1,10 +1,13 @@
-"""Pure status arithmetic: metav1.Condition lists whose lastTransitionTime moves only on a flip."""
+"""Pure status arithmetic: the conditions a reconcile reports, each with a message a user can act on, and
+metav1.Condition lists whose lastTransitionTime moves only on a flip."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
+
+from stoker.controller.diagnose import Problem
 
 CONDITION_TYPES = ("Ready", "CacheSeeded", "Progressing", "Degraded")
 
@@ -14,7 +17,108 @@ class Condition:
     type: str
     status: bool
     reason: str
-    message: str = ""
+    message: str
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The serving Deployment's progress, as counted for the conditions."""
+
+    deployment: str
+    desired: int  # serving replicas the spec asks for
+    total: int  # pods the Deployment runs (serving plus standby)
+    updated: int
+    ready: int
+    serving: int  # ready pods behind the Service
+    done: bool
+
+
+def ready_condition(gate_closed: bool, seed_job: str, serves_all: bool, rollout: Rollout) -> Condition:
+    counts = f"{rollout.serving}/{rollout.desired} replicas ready"
+    if gate_closed:
+        return Condition(
+            "Ready", False, "WaitingForSeed", f"Serving replicas wait for seed job {seed_job}; {counts}"
+        )
+    if serves_all:
+        return Condition("Ready", True, "ReplicasReady", counts)
+    return Condition("Ready", False, "RollingOut", f"{counts}; see Progressing")
+
+
+def cache_seeded_condition(
+    seeding: bool, seeded: bool, seed_outcome: str | None, seed_job: str, short_key: str
+) -> Condition:
+    if not seeding:
+        return Condition(
+            "CacheSeeded",
+            False,
+            "SeedDisabled",
+            "No seed job (coldStart.seed.enabled): the first replica compiles",
+        )
+    if seeded:
+        return Condition("CacheSeeded", True, "Seeded", f"Compile cache seeded for key {short_key}")
+    if seed_outcome == "failed":
+        return Condition(
+            "CacheSeeded",
+            False,
+            "SeedFailed",
+            f"Seed job {seed_job} failed (kubectl logs job/{seed_job}); replicas start cold",
+        )
+    return Condition(
+        "CacheSeeded", False, "Seeding", f"Seed job {seed_job} is filling the cache for key {short_key}"
+    )
+
+
+def progressing_condition(gate_closed: bool, seed_job: str, rollout: Rollout) -> Condition:
+    if gate_closed:
+        return Condition(
+            "Progressing",
+            True,
+            "WaitingForSeed",
+            f"Deployment {rollout.deployment} rolls out once seed job {seed_job} has filled"
+            " the compile cache",
+        )
+    counts = f"{rollout.updated}/{rollout.total} pods updated, {rollout.ready}/{rollout.total} ready"
+    if not rollout.done:
+        return Condition(
+            "Progressing",
+            True,
+            "RollingOut",
+            f"Deployment {rollout.deployment} is rolling out: {counts}; pods that stay Pending or not Ready"
+            f" show why in kubectl describe",
+        )
+    return Condition(
+        "Progressing", False, "Converged", f"Deployment {rollout.deployment} rolled out: {counts}"
+    )
+
+
+def degraded_condition(
+    apply_errors: list[str],
+    problems: list[Problem],
+    standby_problem: str | None,
+    cache_miss: str | None,
+    seed_failed: bool,
+) -> Condition:
+    """The first fault, in the order a user must fix them; `cache_miss` is the detail of a start that
+    compiled despite a seeded cache ("" when its log said no more)."""
+    if apply_errors:
+        return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
+    if problems:
+        return Condition("Degraded", True, problems[0].reason, "; ".join(p.message for p in problems)[:1024])
+    if standby_problem:
+        return Condition("Degraded", True, "StandbyBackoff", standby_problem)
+    if cache_miss is not None:
+        return Condition(
+            "Degraded",
+            True,
+            "CompileCacheMiss",
+            f"A replica compiled despite a seeded cache{cache_miss}; something in vLLM's cache key differs"
+            " between the seed and the pod (README: Troubleshooting)",
+        )
+    if seed_failed:
+        return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
+    return Condition(
+        "Degraded", False, "AsExpected", "Children applied; no fault seen in pods, Jobs or volumes"
+    )
 
 
 def now_rfc3339() -> str:

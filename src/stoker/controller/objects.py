@@ -22,3 +22,26 @@ def main_container_status(pod: Manifest) -> Manifest | None:
 def parse_time(value: str | None) -> dt.datetime | None:
     """An RFC 3339 timestamp as Kubernetes writes it (`2026-11-22T07:40:16Z`)."""
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def still_running(record: Manifest, pods: list[Manifest]) -> bool:
+    """Whether a startup record's pod belongs to a ReplicaSet that still has pods: once an edit replaced
+    it (or a scale-down emptied it) the record describes nothing that serves. Records written before
+    the template hash was kept fall back to their pod's name."""
+    template_hash = record.get("podTemplateHash")
+    if template_hash is None:
+        return any(pod["metadata"]["name"] == record.get("pod") for pod in pods)
+    return any(
+        (pod["metadata"].get("labels") or {}).get("pod-template-hash") == template_hash for pod in pods
+    )
+
+
+def merge_patch(before: Manifest, after: Manifest) -> Manifest:
+    """A JSON merge patch (RFC 7386) turning `before` into `after`: what `after` has, and null for each
+    key it dropped (a merge patch leaves absent keys as they were, so a cleared record would stay)."""
+    patch: Manifest = {}
+    for key, value in after.items():
+        old = before.get(key)
+        patch[key] = merge_patch(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    patch.update({key: None for key in before.keys() - after.keys()})
+    return patch

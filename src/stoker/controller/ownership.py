@@ -12,6 +12,12 @@ refuses it if that changed in between (no window in which a newcomer is taken):
 - the control Secret, which the operator never reads: POST, and on 409 a JSON patch whose first operation
   tests `/metadata/ownerReferences/0/uid` (atomic with the write; 422 if not stoker's);
 - deletions (superseded seed Jobs, standby pods) carry a uid precondition.
+
+One exception, explicit and narrow: a compile-cache PVC kept after its VLLMService was deleted
+(`retentionPolicy: Retain`) has no owner reference by design, so the next VLLMService of the same name
+takes it back when it has no owner references at all and carries the annotation stoker put on it when
+creating it, naming that VLLMService (`stoker.dev/compile-cache-of`). A user's own PVC lacks the
+annotation and is still refused; one that names another VLLMService, or has any owner, too.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils import parse_quantity
+
+from stoker.render import RETAINED_CACHE_ANNOTATION
 
 Manifest = dict[str, Any]
 
@@ -30,6 +38,33 @@ _CONTAINER_LISTS = ("env", "volumeMounts")
 
 def owned_by(obj: Manifest, owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def retained_cache_of(kind: str, obj: Manifest, service_name: str) -> bool:
+    """A compile-cache PVC stoker created for a VLLMService of this name and kept after its deletion."""
+    meta = obj["metadata"]
+    return (
+        kind == "PersistentVolumeClaim"
+        and not meta.get("ownerReferences")
+        and (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) == service_name
+    )
+
+
+def stokers(kind: str, obj: Manifest, owner_uid: str, service_name: str) -> bool:
+    """Whether stoker may apply to this object for the VLLMService (uid, name)."""
+    return owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name)
+
+
+def release(obj: Manifest, owner_uid: str) -> list[Manifest]:
+    """A JSON patch removing this owner's reference (so that garbage collection keeps the object), each
+    removal preceded by a `test` of the uid at that index; empty if it carries none."""
+    ops: list[Manifest] = []
+    refs = obj["metadata"].get("ownerReferences") or []
+    for index in reversed(range(len(refs))):
+        if refs[index].get("uid") == owner_uid:
+            path = f"/metadata/ownerReferences/{index}"
+            ops += [{"op": "test", "path": f"{path}/uid", "value": owner_uid}, {"op": "remove", "path": path}]
+    return ops
 
 
 def created_by_deployment(pod: Manifest, deployment_name: str) -> bool:
@@ -59,13 +94,13 @@ class ChildConflict:
         return f"{self.subject} exists and is not owned by this VLLMService; rename or delete it"
 
 
-def conflicts(owner_uid: str, live: list[tuple[str, Manifest]]) -> list[ChildConflict]:
-    """The live objects (kind, object) in the way: a child's name, without this VLLMService's owner
-    reference."""
+def conflicts(owner_uid: str, service_name: str, live: list[tuple[str, Manifest]]) -> list[ChildConflict]:
+    """The live objects (kind, object) in the way: a child's name, neither carrying this VLLMService's
+    owner reference nor a compile cache retained for its name."""
     return [
         ChildConflict(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
         for kind, obj in live
-        if not owned_by(obj, owner_uid)
+        if not stokers(kind, obj, owner_uid, service_name)
     ]
 
 

@@ -22,16 +22,30 @@ from pydantic import ValidationError
 
 from stoker.api import GROUP, VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
-from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
+from stoker.controller.conditions import (
+    Condition,
+    Rollout,
+    cache_seeded_condition,
+    degraded_condition,
+    merge_conditions,
+    now_rfc3339,
+    progressing_condition,
+    ready_condition,
+)
 from stoker.controller.diagnose import (
     STUCK_WAITING_REASONS,
     ObservedChildren,
-    Problem,
     child_problems,
     worth_a_closer_look,
 )
 from stoker.controller.kube import Kube, Manifest
-from stoker.controller.objects import main_container_status, parse_time, pod_is_ready
+from stoker.controller.objects import (
+    main_container_status,
+    merge_patch,
+    parse_time,
+    pod_is_ready,
+    still_running,
+)
 from stoker.controller.ownership import (
     ChildConflict,
     conflicts,
@@ -39,6 +53,8 @@ from stoker.controller.ownership import (
     foreign_template_items,
     never_shrink,
     owned_by,
+    release,
+    stokers,
 )
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyOutcome, StandbyPool
@@ -49,7 +65,9 @@ from stoker.render import (
     COMPONENT_LABEL,
     COMPONENT_SEED,
     INSTANCE_LABEL,
+    SEEDED_KEY_ANNOTATION,
     cache_key,
+    cache_pvc_name,
     deployment_name,
     pod_count,
     render_children,
@@ -142,16 +160,38 @@ class Reconciler:
             self._block(body, "InvalidSpec", validation_message(error))
             return "invalid", None
 
-        # Observe: the children as they are. Only what carries this object's owner reference is stoker's.
+        # Observe: the children as they are. Only what carries this object's owner reference is stoker's,
+        # and a compile-cache claim kept for this name (ownership.retained_cache_of).
         key, short_key = cache_key(svc), short_cache_key(svc)
         cache = dict(status.get("cache") or {})
+        compile_cache = svc.spec.cold_start.compile_cache
+        claim_name = cache_pvc_name(svc.name)
+        claim = (
+            self.kube.get("v1", "PersistentVolumeClaim", namespace, claim_name)
+            if compile_cache.enabled
+            else None
+        )
+        claim_seeded_key = (
+            (claim["metadata"].get("annotations") or {}).get(SEEDED_KEY_ANNOTATION)
+            if claim is not None and stokers("PersistentVolumeClaim", claim, uid, svc.name)
+            else None
+        )
         seeding = seed_wanted(svc)
+        if seeding and claim_seeded_key == key and cache.get("seededKey") != key:
+            # A kept cache (an earlier VLLMService of this name, or this one before an edit and back)
+            # already holds this key's artifacts: no seed Job.
+            cache["seededKey"], cache["seededAt"] = key, now_rfc3339()
+            self.kube.post_event(
+                body,
+                "CacheReused",
+                f"PVC {claim_name} holds the compile cache for key {short_key}; no seed job",
+            )
         seed_name = seed_job_name(svc.name, short_key)
         seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
         # Once seeded and its run recorded, the Job has nothing more to tell.
         seed_needed = seeding and not (cache.get("seededKey") == key and seed_recorded)
         seed_job = self.kube.get("batch/v1", "Job", namespace, seed_name) if seed_needed else None
-        in_the_way = conflicts(uid, [("Job", seed_job)] if seed_job is not None else [])
+        in_the_way = conflicts(uid, svc.name, [("Job", seed_job)] if seed_job is not None else [])
         if in_the_way:
             seed_job = None  # a Job stoker did not create tells nothing about the cache
         seed_outcome = job_outcome(seed_job)
@@ -165,8 +205,10 @@ class Reconciler:
         )
         token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
         children = render_children(svc, serving_replicas=0 if gate_closed else None, control_token=token)
-        live = self._read_children(namespace, children)
-        in_the_way += conflicts(uid, [(kind, obj) for (kind, _), obj in live.items() if obj is not None])
+        live = self._read_children(namespace, children, {("PersistentVolumeClaim", claim_name): claim})
+        in_the_way += conflicts(
+            uid, svc.name, [(kind, obj) for (kind, _), obj in live.items() if obj is not None]
+        )
         if in_the_way:
             # Nothing is applied, patched or deleted while anything is in the way: the serving pods do
             # not roll out without their cache volume, and the user's object stays as it is.
@@ -194,7 +236,12 @@ class Reconciler:
             current = live.get((kind, child_name))
             if kind == "PersistentVolumeClaim" and current is not None:
                 child = never_shrink(child, current)
-            kopf.append_owner_reference(child, owner=kopf.Body(cast(kopf.RawBody, body)))
+            is_cache_claim = kind == "PersistentVolumeClaim" and child_name == claim_name
+            if is_cache_claim and seeded:
+                child["metadata"]["annotations"][SEEDED_KEY_ANNOTATION] = key
+            retained = is_cache_claim and compile_cache.retention_policy == "Retain"
+            if not retained:
+                kopf.append_owner_reference(child, owner=kopf.Body(cast(kopf.RawBody, body)))
             child_id = (kind, child_name)
             digest = hashlib.sha256(json.dumps(child, sort_keys=True).encode()).hexdigest()
             if not resync and applied.get(child_id) == digest:
@@ -210,6 +257,9 @@ class Reconciler:
                 conflict = ChildConflict(kind, namespace, child_name)
                 self._block(body, "ChildConflict", conflict.message)
                 return "conflict", None
+            if retained and owned_by(written, uid):
+                # Switched to Retain: apply leaves the reference stoker created the claim with.
+                self.kube.patch_json("v1", kind, namespace, child_name, release(written, uid))
             applied[child_id] = digest
             live[child_id] = written
             if kind == "Deployment":
@@ -223,6 +273,10 @@ class Reconciler:
         startup = self._collect_startup(
             body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
         )
+        if startup.get("last") and not still_running(startup["last"], pods):
+            # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
+            del startup["last"]
+            cache.pop("lastHit", None)
         last = startup.get("last") or {}
         cache["key"] = key
         if last:
@@ -234,10 +288,11 @@ class Reconciler:
         total = pod_count(svc)
         dep_status = (deployment or {}).get("status") or {}
         ready_replicas = int(dep_status.get("readyReplicas") or 0)
+        updated_replicas = int(dep_status.get("updatedReplicas") or 0)
         updated = deployment is not None and (
             int(dep_status.get("observedGeneration") or 0)
             >= int(deployment["metadata"].get("generation") or 0)
-            and int(dep_status.get("updatedReplicas") or 0) >= total
+            and updated_replicas >= total
         )
         rolled_out = updated and ready_replicas >= total and int(dep_status.get("replicas") or 0) == total
         serving, serves_all = ready_replicas, rolled_out
@@ -245,17 +300,20 @@ class Reconciler:
             # Ready means the active pods serve; a standby pod still starting or falling asleep is progress.
             serving, serves_all = standby.active, updated and standby.active >= desired
             rolled_out = rolled_out and standby.asleep >= total - desired
-        degraded = self._degraded(
-            apply_errors, problems, standby, cache_missed, _miss_detail(last), seed_outcome
+        degraded = degraded_condition(
+            apply_errors,
+            problems,
+            standby.problem if standby is not None else None,
+            _miss_detail(last) if cache_missed else None,
+            seed_outcome == "failed",
+        )
+        rollout = Rollout(
+            deployment_name(svc.name), desired, total, updated_replicas, ready_replicas, serving, rolled_out
         )
         conditions = [
-            self._ready(gate_closed, serves_all, desired, serving),
-            self._cache_seeded(seeding, seeded, seed_outcome, short_key),
-            Condition(
-                "Progressing",
-                gate_closed or not rolled_out,
-                "WaitingForSeed" if gate_closed else ("RollingOut" if not rolled_out else "Converged"),
-            ),
+            ready_condition(gate_closed, seed_name, serves_all, rollout),
+            cache_seeded_condition(seeding, seeded, seed_outcome, seed_name, short_key),
+            progressing_condition(gate_closed, seed_name, rollout),
             degraded,
         ]
         if seed_outcome == "failed" and self._condition_reason(status, "CacheSeeded") != "SeedFailed":
@@ -290,14 +348,17 @@ class Reconciler:
         return ("waiting" if gate_closed else "converged"), (standby.recheck_after if standby else None)
 
     def _read_children(
-        self, namespace: str, children: list[Manifest]
+        self, namespace: str, children: list[Manifest], known: dict[tuple[str, str], Manifest | None]
     ) -> dict[tuple[str, str], Manifest | None]:
         """Each child as it is now, by name. Not the Secret (the operator never reads Secrets: it learns
-        whether the Secret is its own when it writes it) and not the seed Job (read before)."""
+        whether the Secret is its own when it writes it), not the seed Job and not what is `known` (each
+        read before)."""
         live: dict[tuple[str, str], Manifest | None] = {}
         for child in children:
             kind, name = child["kind"], child["metadata"]["name"]
-            if kind not in ("Secret", "Job"):
+            if (kind, name) in known:
+                live[(kind, name)] = known[(kind, name)]
+            elif kind not in ("Secret", "Job"):
                 live[(kind, name)] = self.kube.get(child["apiVersion"], kind, namespace, name)
         return live
 
@@ -402,51 +463,6 @@ class Reconciler:
                 meta["name"],
             )
 
-    def _ready(self, gate_closed: bool, rolled_out: bool, desired: int, ready: int) -> Condition:
-        if gate_closed:
-            return Condition("Ready", False, "WaitingForSeed", "Serving replicas wait for the seed job")
-        if rolled_out:
-            return Condition("Ready", True, "ReplicasReady", f"{ready}/{desired} replicas ready")
-        return Condition("Ready", False, "RollingOut", f"{ready}/{desired} replicas ready")
-
-    @staticmethod
-    def _cache_seeded(seeding: bool, seeded: bool, seed_outcome: str | None, short_key: str) -> Condition:
-        if not seeding:
-            return Condition("CacheSeeded", False, "SeedDisabled", "No seed job: the first replica compiles")
-        if seeded:
-            return Condition("CacheSeeded", True, "Seeded", f"Compile cache seeded for key {short_key}")
-        if seed_outcome == "failed":
-            return Condition("CacheSeeded", False, "SeedFailed", "The seed job failed; replicas start cold")
-        return Condition("CacheSeeded", False, "Seeding", f"Seed job for key {short_key} is running")
-
-    @staticmethod
-    def _degraded(
-        apply_errors: list[str],
-        problems: list[Problem],
-        standby: StandbyOutcome | None,
-        cache_missed: bool,
-        miss_detail: str,
-        seed_outcome: str | None,
-    ) -> Condition:
-        if apply_errors:
-            return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
-        if problems:
-            return Condition(
-                "Degraded", True, problems[0].reason, "; ".join(p.message for p in problems)[:1024]
-            )
-        if standby is not None and standby.problem:
-            return Condition("Degraded", True, "StandbyBackoff", standby.problem)
-        if cache_missed:
-            return Condition(
-                "Degraded",
-                True,
-                "CompileCacheMiss",
-                f"A replica compiled despite a seeded cache{miss_detail}",
-            )
-        if seed_outcome == "failed":
-            return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
-        return Condition("Degraded", False, "AsExpected")
-
     @staticmethod
     def _condition_reason(status: Manifest, kind: str) -> str | None:
         return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == kind), None)
@@ -471,10 +487,12 @@ class Reconciler:
 
     def _write_status(self, body: Manifest, new_status: Manifest) -> None:
         # Through the status model: what is written has the CRD's shape, or this fails loudly here.
-        wanted = _status_document(new_status)
-        if wanted == _status_document(body.get("status") or {}):
+        wanted, written = _status_document(new_status), _status_document(body.get("status") or {})
+        if wanted == written:
             return  # nothing changed: no write, no watch event, no churn
-        self.kube.patch_service_status(body["metadata"]["namespace"], body["metadata"]["name"], wanted)
+        self.kube.patch_service_status(
+            body["metadata"]["namespace"], body["metadata"]["name"], merge_patch(written, wanted)
+        )
 
     def _remove_superseded_seeds(self, svc: VLLMService, owner_uid: str, short_key: str) -> None:
         """Seed Jobs of earlier keys that stoker created; a Job with look-alike labels is left alone."""
@@ -512,7 +530,14 @@ class Reconciler:
             if record is None:
                 continue
             startup["last"] = record
-            history.append({"uid": sample_id[0], "restarts": sample_id[1], **_sample_summary(record)})
+            history.append(
+                {
+                    "uid": sample_id[0],
+                    "restarts": sample_id[1],
+                    "podTemplateHash": record["podTemplateHash"],
+                    **_sample_summary(record),
+                }
+            )
         history = history[-self.settings.startup_history :]
         if history:
             totals = [sample["totalSeconds"] for sample in history]
@@ -566,6 +591,7 @@ class Reconciler:
             "engineVersion": timeline.engine_version,
             "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
             "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
+            "podTemplateHash": pod["metadata"].get("labels", {}).get("pod-template-hash"),
             "finishedAt": now_rfc3339(),
         }
         if timeline.failed:

@@ -21,6 +21,13 @@ from stoker.api.owned import STANDBY_SINCE_ANNOTATION as STANDBY_SINCE_ANNOTATIO
 
 Json = dict[str, Any]
 
+# On every compile-cache PVC stoker creates: the VLLMService (same namespace) it caches for. A retained
+# claim without owner references is taken back only by a VLLMService of that name; see ownership.py.
+RETAINED_CACHE_ANNOTATION = "stoker.dev/compile-cache-of"
+# The full compile-cache key a seed filled the volume for: a later VLLMService taking a retained claim
+# back skips the seed when its key is the same.
+SEEDED_KEY_ANNOTATION = "stoker.dev/seeded-key"
+
 ROLE_ACTIVE = "active"
 ROLE_STANDBY = "standby"
 STANDBY_DELETION_COST = "-100"
