@@ -62,29 +62,30 @@ class Kube:
         return dict(result.to_dict())
 
     def create(self, obj: Manifest) -> Manifest:
-        """Create only: the API server answers 409 if anything of that name exists by now. The fields the
-        create set are then owned as applied, so later applies can remove what stoker stops rendering."""
-        meta = obj["metadata"]
-        resource = self._resource(obj["apiVersion"], obj["kind"])
-        created = dict(
-            resource.create(body=obj, namespace=meta["namespace"], field_manager=self.field_manager).to_dict()
+        """Create only: the API server answers 409 if anything of that name exists by now."""
+        result = self._resource(obj["apiVersion"], obj["kind"]).create(
+            body=obj, namespace=obj["metadata"]["namespace"], field_manager=self.field_manager
         )
-        try:
-            self._own_as_applied(created)
-        except ApiException as error:
-            if error.status != 422:
-                raise
-            # The managedFields list moved since the create (a controller wrote status): read it again.
-            fresh = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-            if fresh is not None:
-                self._own_as_applied(fresh)
-        return created
+        return dict(result.to_dict())
 
-    def _own_as_applied(self, obj: Manifest) -> None:
-        ops = apply_ownership_patch(obj, self.field_manager)
-        if ops is not None:
-            meta = obj["metadata"]
-            self.patch_json(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], ops)
+    def own_as_applied(self, obj: Manifest) -> None:
+        """Take the fields this manager set by creating `obj` as applied ones (see
+        ownership.apply_ownership_patch); if the managedFields list moved since `obj` was read, read again."""
+        meta = obj["metadata"]
+        for attempt in range(2):
+            ops = apply_ownership_patch(obj, self.field_manager)
+            if ops is None:
+                return
+            try:
+                self.patch_json(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], ops)
+                return
+            except ApiException as error:
+                if error.status != 422 or attempt:
+                    raise
+            fresh = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if fresh is None:
+                return
+            obj = fresh
 
     def patch_json(self, api_version: str, kind: str, namespace: str, name: str, ops: list[Manifest]) -> None:
         """A JSON patch; its `test` operations make it all-or-nothing against what the caller read."""

@@ -369,7 +369,13 @@ class Reconciler:
         if current is None:
             # Create, not apply: if an object of that name appeared since the read, this fails (409)
             # instead of taking it over.
-            return self.kube.create(child)
+            created = self.kube.create(child)
+            if child["kind"] == "Deployment":
+                # So that later applies remove what stoker stops rendering in the pod template (a label
+                # dropped from spec.pod). Only here: the other kinds' specs are immutable or hold fields the
+                # server allocates, and what stoker renders on them does not shrink.
+                self._own_as_applied(created)
+            return created
         # The uid read with the owner reference: if the object was replaced since, the API server refuses
         # the apply (uid is immutable) instead of applying to the newcomer.
         child["metadata"]["uid"] = current["metadata"]["uid"]
@@ -386,6 +392,19 @@ class Reconciler:
                     len(foreign) // 2,
                 )
         return written
+
+    def _own_as_applied(self, created: Manifest) -> None:
+        try:
+            self.kube.own_as_applied(created)
+        except ApiException as error:  # the child exists as created; only later pruning is at stake
+            meta = created["metadata"]
+            log.warning(
+                "Taking created fields as applied failed %s=%s/%s: %s",
+                created["kind"].lower(),
+                meta["namespace"],
+                meta["name"],
+                api_error_message(error),
+            )
 
     def _write_secret(self, secret: Manifest, owner_uid: str) -> Manifest | None:
         """Create the Secret, or patch it only if its first owner reference is this object's: a JSON
