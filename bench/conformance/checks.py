@@ -31,7 +31,7 @@ COMPILE_WORK = (
     "saved AOT compiled function",
     "Compiling model again",
 )
-LOAD_FAILURE = "due to a load failure"
+LOAD_FAILURE = "Compiling model again due to a load failure"
 ARGPARSE_ERROR = re.compile(r"^vllm(?: serve)?: error: ", re.MULTILINE)
 _RECORDED = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$", re.DOTALL)
 
@@ -105,7 +105,10 @@ def log_checks(
             for at in compile_lines
         )
         and (bool(windows) or not cache.written),
-        f"{prefix}_cache_state": timeline.compile_cache == cache.observed_state(),
+        # The reason too: a miss is loadFailed exactly when the log itself says it compiled again because
+        # the kept cache could not be loaded.
+        f"{prefix}_cache_state": timeline.compile_cache == cache.observed_state()
+        and timeline.compile_cache_reason == ("loadFailed" if load_failed(lines) else None),
     }
 
 
