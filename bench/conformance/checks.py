@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.phases import StartupTimeline
+from stoker.phases import COMPILE_PHASES, StartupTimeline
 
 SERVER_LINE = "Starting vLLM server on"
 TOLERANCE_SECONDS = 0.5
 # The clock of the recorder and of phase boundaries are the same; sums are of rounded phases.
 SUM_TOLERANCE_SECONDS = 0.01
-COMPILE_PHASES = ("dynamo", "compile")
 # Lines vLLM prints while torch.compile works or loads its artifacts (GPU and CPU runners, 0.22-0.32).
 COMPILE_WORK = (
     "Dynamo bytecode transform",
@@ -99,7 +98,8 @@ def log_checks(
         and abs(total - server_at) <= TOLERANCE_SECONDS,
         f"{prefix}_phases_sum_to_total": total is not None
         and abs(sum(timeline.phases.values()) - total) <= SUM_TOLERANCE_SECONDS,
-        # Every compile line falls inside a dynamo/compile phase (vacuous only when nothing compiled).
+        # Every compile line falls inside a dynamo/compileLoad/compile phase (vacuous only when nothing
+        # compiled).
         f"{prefix}_compile_in_compile_phase": all(
             any(low - SUM_TOLERANCE_SECONDS <= at <= high + SUM_TOLERANCE_SECONDS for low, high in windows)
             for at in compile_lines

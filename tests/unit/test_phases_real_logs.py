@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.phases import parse_log
+from stoker.phases import COMPILE_PHASES, parse_log
 
 DATA = Path(__file__).parent / "data" / "phases"
 LOGS = sorted([*DATA.glob("vllm-*-cpu/*.log"), *DATA.glob("vllm-*-h100/*.log")])
@@ -17,7 +17,6 @@ STAMP = re.compile(r"^\[ *(\d+(?:\.\d+)?)\] ")
 COMPILED = ("saved AOT compiled function", "Compiling a graph for ")
 COMPILE_WORK = (*COMPILED, "Dynamo bytecode transform time")
 CACHE_LOADS = ("Directly load AOT compilation", "Directly load the compiled graph")
-COMPILE_PHASES = ("dynamo", "compile", "compileLoad")
 
 
 def stamps_of(lines: list[str], *needles: str) -> list[float]:
@@ -27,6 +26,14 @@ def stamps_of(lines: list[str], *needles: str) -> list[float]:
 
 def version_of(path: Path) -> str:
     return path.parent.name.removeprefix("vllm-").rsplit("-", 1)[0]
+
+
+def phase_windows(phases: dict[str, float]) -> dict[str, tuple[float, float]]:
+    windows, start = {}, 0.0
+    for name, seconds in phases.items():
+        windows[name] = (start, start + seconds)
+        start += seconds
+    return windows
 
 
 def test_real_logs_are_present() -> None:
@@ -42,26 +49,15 @@ def test_real_log(path: Path) -> None:
     assert timeline.total_seconds == pytest.approx(server_at, abs=0.5)
     assert sum(timeline.phases.values()) == pytest.approx(timeline.total_seconds, abs=0.01)
     # Every line of compile work falls inside a compile phase.
-    ends, boundary = {}, 0.0
-    for name, seconds in timeline.phases.items():
-        ends[name] = (boundary, boundary + seconds)
-        boundary += seconds
+    windows = phase_windows(timeline.phases)
     for at in stamps_of(lines, *COMPILE_WORK):
-        assert any(start <= at <= end for name, (start, end) in ends.items() if name in COMPILE_PHASES), at
+        assert any(start <= at <= end for name, (start, end) in windows.items() if name in COMPILE_PHASES), at
     compiled = bool(stamps_of(lines, *COMPILED))
     loaded = bool(stamps_of(lines, *CACHE_LOADS))
     failed_load = bool(stamps_of(lines, "Compiling model again due to a load failure"))
     expected = "miss" if compiled or failed_load else ("hit" if loaded else "none")
     assert timeline.compile_cache == expected
     assert (timeline.compile_cache_reason == "loadFailed") == failed_load
-
-
-def phase_windows(phases: dict[str, float]) -> dict[str, tuple[float, float]]:
-    windows, start = {}, 0.0
-    for name, seconds in phases.items():
-        windows[name] = (start, start + seconds)
-        start += seconds
-    return windows
 
 
 @pytest.mark.parametrize(
