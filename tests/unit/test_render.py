@@ -209,12 +209,14 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
 
 
 @pytest.mark.parametrize("version", ["0.22.1", "0.26.0", "0.29.0", "0.32.0", "0.33.0"])
-def test_vllm_config_root_is_fixed_on_the_cache_volume_for_every_version(version: str) -> None:
-    # vLLM up to 0.32 hashes VLLM_CONFIG_ROOT into its key and defaults it from HOME: a seed pod and a
-    # serving pod that differ in HOME (another user, another image) must still compute one key.
+def test_home_derived_key_paths_are_fixed_on_the_cache_volume_for_every_version(version: str) -> None:
+    # vLLM before 0.28 hashes these into its key and defaults them from HOME: a seed pod and a serving pod
+    # that differ in HOME (another user, another image) must still compute one key.
     svc = service(**{"runtime.engineVersion": version})
     for role in ("seed", "serve"):
-        assert engine_invocation(svc, role).env["VLLM_CONFIG_ROOT"] == f"{CACHE_MOUNT_PATH}/config"
+        env = engine_invocation(svc, role).env
+        assert env["VLLM_CONFIG_ROOT"] == f"{CACHE_MOUNT_PATH}/config"
+        assert env["VLLM_XLA_CACHE_PATH"] == f"{CACHE_MOUNT_PATH}/xla"
 
 
 def test_seed_wrapper_compiles() -> None:
