@@ -56,15 +56,16 @@ def write_compatibility(document: dict[str, Any]) -> None:
     lines.append("\n## What the runs showed\n")
     lines.append(
         "| version | role | wall s | server line s | stoker totalSeconds | stoker compileCache | "
-        "cache dir showed | kept cache failed to load |"
+        "stoker compileCacheReason | cache dir showed | log: kept cache failed to load |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for entry in entries:
         for role, run in (entry.get("runs") or {}).items():
             parsed = run["parsed"]
             lines.append(
                 f"| {entry['version']} | {role} | {run['wallSeconds']} | {_cell(run['serverLineSeconds'])} | "
-                f"{_cell(parsed['totalSeconds'])} | {parsed['compileCache']} | {run['observedCache']} | "
+                f"{_cell(parsed['totalSeconds'])} | {parsed['compileCache']} | "
+                f"{_cell(parsed.get('compileCacheReason'))} | {run['observedCache']} | "
                 f"{'yes' if run['cacheLoadFailed'] else 'no'} |"
             )
     rejected = [
