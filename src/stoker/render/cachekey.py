@@ -10,7 +10,7 @@ vLLM's key (backend dir `torch_compile_cache/<H10>`, AOT dir `torch_aot_compile/
   (the 0.28.0 wheel's envs.compile_factors ignores both), so a seed and a serving pod with different HOMEs
   would compute different keys: engine_env pins both under the cache mount for every version, as it does
   VLLM_CACHE_ROOT and VLLM_ASSETS_CACHE (with them set, compile_factors of 0.22.1, 0.25.1, 0.26.0 and
-  0.32.0 no longer depends on HOME);
+  0.32.0 no longer depends on HOME; measured: bench/results/home-split-v0.26.0/);
 - HF_HUB_OFFLINE, indirectly: it rewrites a repo id to its snapshot path, and the model string is hashed;
 - the model string, revision, TP size, max-model-len, capture sizes, eager mode and every other engine
   flag: here, the serving args minus the flags the release ignores (port, served model name, GPU memory
