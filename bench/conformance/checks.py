@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.phases import StartupTimeline
+from stoker.phases import COMPILE_PHASES, StartupTimeline
 
 SERVER_LINE = "Starting vLLM server on"
 TOLERANCE_SECONDS = 0.5
 # The clock of the recorder and of phase boundaries are the same; sums are of rounded phases.
 SUM_TOLERANCE_SECONDS = 0.01
-COMPILE_PHASES = ("dynamo", "compile")
 # Lines vLLM prints while torch.compile works or loads its artifacts (GPU and CPU runners, 0.22-0.32).
 COMPILE_WORK = (
     "Dynamo bytecode transform",
@@ -31,7 +30,7 @@ COMPILE_WORK = (
     "saved AOT compiled function",
     "Compiling model again",
 )
-LOAD_FAILURE = "due to a load failure"
+LOAD_FAILURE = "Compiling model again due to a load failure"
 ARGPARSE_ERROR = re.compile(r"^vllm(?: serve)?: error: ", re.MULTILINE)
 _RECORDED = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\] ?(.*)$", re.DOTALL)
 
@@ -99,13 +98,17 @@ def log_checks(
         and abs(total - server_at) <= TOLERANCE_SECONDS,
         f"{prefix}_phases_sum_to_total": total is not None
         and abs(sum(timeline.phases.values()) - total) <= SUM_TOLERANCE_SECONDS,
-        # Every compile line falls inside a dynamo/compile phase (vacuous only when nothing compiled).
+        # Every compile line falls inside a dynamo/compileLoad/compile phase (vacuous only when nothing
+        # compiled).
         f"{prefix}_compile_in_compile_phase": all(
             any(low - SUM_TOLERANCE_SECONDS <= at <= high + SUM_TOLERANCE_SECONDS for low, high in windows)
             for at in compile_lines
         )
         and (bool(windows) or not cache.written),
-        f"{prefix}_cache_state": timeline.compile_cache == cache.observed_state(),
+        # The reason too: a miss is loadFailed exactly when the log itself says it compiled again because
+        # the kept cache could not be loaded.
+        f"{prefix}_cache_state": timeline.compile_cache == cache.observed_state()
+        and timeline.compile_cache_reason == ("loadFailed" if load_failed(lines) else None),
     }
 
 

@@ -154,8 +154,9 @@ def full_run(
     all_checks: dict[str, bool] = {}
     outcomes: dict[str, Any] = {}
     try:
-        # One HOME for both, as pods of one image have: vLLM's default VLLM_CONFIG_ROOT (~/.config/vllm)
-        # enters its compile-cache key, so a HOME per role alone makes the serving run miss.
+        # One HOME for both, as pods of one image have. (A HOME per role splits 0.26.0's key unless
+        # VLLM_CONFIG_ROOT and VLLM_XLA_CACHE_PATH are set, which stoker now renders:
+        # bench/results/home-split-v0.26.0/.)
         cache_dir, hf_home, home = work / "cache", work / "hf-home", work / "home"
         for directory in (cache_dir, hf_home, home):
             directory.mkdir()

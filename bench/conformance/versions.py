@@ -21,9 +21,14 @@ def default_version() -> str:
 
 
 def select_version(manifest: dict[str, Any], version: str) -> dict[str, Any]:
-    """A copy of a VLLMService manifest that renders for `version`."""
+    """A copy of a VLLMService manifest that renders for `version`: the field stoker reads the version from,
+    and an image whose tag agrees with it."""
     spec = dict(manifest.get("spec") or {})
-    spec["runtime"] = {**(spec.get("runtime") or {}), "image": f"{IMAGE_REPOSITORY}:{version}"}
+    spec["runtime"] = {
+        **(spec.get("runtime") or {}),
+        "engineVersion": version,
+        "image": f"{IMAGE_REPOSITORY}:{version}",
+    }
     return {**manifest, "spec": spec}
 
 

@@ -16,6 +16,8 @@ import gzip
 import json
 import shutil
 import statistics
+from graphlib import TopologicalSorter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -105,17 +107,27 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return round(statistics.mean(present), 3) if present else None
 
 
-def chart(summary: dict[str, dict[str, Any]], title: str, path: Path) -> None:
+def phase_order(runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The phases in the order the runs' logs had them (versions differ: 0.26's jitWarmup follows
+    graphCapture, 0.29's precedes it)."""
+    order: TopologicalSorter[str] = TopologicalSorter()
+    for run in runs:
+        for earlier, later in pairwise(run["phases"]):
+            order.add(later, earlier)
+    return tuple(order.static_order())
+
+
+def chart(summary: dict[str, dict[str, Any]], order: tuple[str, ...], title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     profiles = list(summary)
-    fig, ax = plt.subplots(figsize=(12, 0.9 * len(profiles) + 2.4))
-    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(12, 0.9 * len(profiles) + 2.8))
+    colors = plt.get_cmap("tab20").colors
     left = [0.0] * len(profiles)
-    for index, phase in enumerate(CHART_PHASES):
+    for index, phase in enumerate(order):
         widths = [summary[p]["phasesMean"][phase] for p in profiles]
         ax.barh(
             profiles, widths, left=left, color=colors[index % len(colors)], label=phase, edgecolor="white"
@@ -136,9 +148,7 @@ def chart(summary: dict[str, dict[str, Any]], title: str, path: Path) -> None:
     )
     ax.set_xlim(0, max(left) * 1.45)
     ax.set_title(title)
-    ax.legend(
-        ncol=len(CHART_PHASES), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False
-    )
+    ax.legend(ncol=6, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -146,10 +156,11 @@ def chart(summary: dict[str, dict[str, Any]], title: str, path: Path) -> None:
 def table(summary: dict[str, dict[str, Any]]) -> str:
     head = (
         "| profile | runs | ready (s), mean [min-max] | stock ÷ profile | imports | model info "
-        "| engine start | weights | Dynamo + compile | profiling | graphs | API up | compile cache "
+        "| engine start | weights | Dynamo | compile or load | profiling | graphs | JIT warm-up | API up "
+        "| compile cache "
         "| first completion (s) | decode tok/s (vs stoker) | ready (s), median | stock ÷ profile (medians) |"
     )
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 19]
     for profile, s in summary.items():
         p = s["phasesMean"]
         shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
@@ -162,8 +173,9 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
         lines.append(
             f"| {profile} | {s['runs']} | {s['readySecondsMean']:.1f} [{s['readySecondsMin']:.1f}-"
             f"{s['readySecondsMax']:.1f}] | {ratio} | {p['bootstrap']:.1f} | {p['modelInfo']:.1f} "
-            f"| {p['engineStart']:.1f} | {p['weightLoad']:.1f} | {p['dynamo'] + p['compile']:.1f} "
-            f"| {p['profiling']:.1f} | {p['graphCapture']:.1f} | {p['apiReady'] + p[SERVER_UP]:.1f} "
+            f"| {p['engineStart']:.1f} | {p['weightLoad']:.1f} | {p['dynamo']:.1f} "
+            f"| {p['compile'] + p['compileLoad']:.1f} | {p['profiling']:.1f} | {p['graphCapture']:.1f} "
+            f"| {p['jitWarmup']:.1f} | {p['apiReady'] + p[SERVER_UP]:.1f} "
             f"| {', '.join(s['compileCache'])} | {first} | {decode} | {s['readySecondsMedian']:.1f} "
             f"| {of_medians} |"
         )
@@ -215,7 +227,7 @@ def main() -> None:
     (RESULTS / f"{args.name}.json").write_text(json.dumps(document, indent=1) + "\n")
     gpu = host["gpu"].split(",")[0]
     title = args.title or f"vLLM {host['vllm']} cold start, 8B model, {gpu}, page cache dropped"
-    chart(summary, title, RESULTS / f"{args.name}.png")
+    chart(summary, phase_order(runs), title, RESULTS / f"{args.name}.png")
     markdown = table(summary)
     print(markdown)
     if args.doc:

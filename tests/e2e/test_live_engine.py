@@ -102,6 +102,13 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
     expected = parse_log(recording.splitlines(keepends=True))
     assert engine_phases == pytest.approx(expected.phases, abs=0.01)
     assert last["compileCache"] == expected.compile_cache
-    # An empty cache dir the engine filled: a miss, which is what status must say.
+    assert last["engineVersion"] == default_version()
+    # An empty cache dir the engine filled: a plain miss (nothing kept, so no loadFailed), which is what
+    # status must say.
     evidence = checks.CacheEvidence(frozenset(), checks.compile_artifacts(dirs["cache"]))
     assert last["compileCache"] == evidence.observed_state() == "miss"
+    assert "compileCacheReason" not in last
+    # The conformance checks of that reading against the log's own lines: compile work inside a compile
+    # phase, the cache state and its reason, the total and the sum.
+    verdicts = checks.log_checks("serve", checks.recorded_lines(recording), expected, evidence)
+    assert all(verdicts.values()), verdicts

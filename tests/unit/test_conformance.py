@@ -35,6 +35,7 @@ def test_every_example_renders_a_seed_and_a_serving_container_for_the_selected_v
     manifest = {"kind": "VLLMService", "spec": {"runtime": {"replicas": 2}}}
     assert select_version(manifest, "0.25.1")["spec"]["runtime"] == {
         "replicas": 2,
+        "engineVersion": "0.25.1",
         "image": f"{IMAGE_REPOSITORY}:0.25.1",
     }
     assert manifest["spec"]["runtime"] == {"replicas": 2}  # the example itself is left alone
@@ -95,6 +96,26 @@ def test_checks_fail_on_compile_outside_a_compile_phase_a_wrong_cache_call_and_a
     assert result["serve_phases_sum_to_total"]
     assert KEPT.observed_state() == "hit" and WROTE.observed_state() == "miss"
     assert checks.CacheEvidence(frozenset(), frozenset()).observed_state() == "none"
+
+
+RELOAD_LOG = (
+    "[    1.000] (APIServer pid=1) INFO 11-23 13:48:41 [api_utils.py:273] non-default args: {}\n"
+    "[    3.000] (W pid=2) WARNING 11-23 13:48:45 [decorators.py:321] [backbone] Compiling model again due to"
+    " a load failure from /c/torch_compile_cache/x, reason: boom\n"
+    "[    9.200] (APIServer pid=1) INFO 11-23 13:48:49 [api_server.py:677] Starting vLLM server on http://0.0.0.0:1\n"
+)
+
+
+def test_cache_state_needs_reason_load_failed_exactly_when_the_log_says_it_compiled_again():
+    lines = checks.recorded_lines(RELOAD_LOG)
+    phases = {"bootstrap": 1.0, "compile": 3.0, "apiReady": 5.2}
+    load_failed = StartupTimeline(
+        phases=phases, total_seconds=9.2, compile_cache="miss", compile_cache_reason="loadFailed", ready=True
+    )
+    assert checks.log_checks("serve", lines, load_failed, WROTE)["serve_cache_state"]
+    # A plain miss on a log that reloaded, and loadFailed on a log that never did, are both wrong.
+    assert not checks.log_checks("serve", lines, _timeline(phases, 9.2), WROTE)["serve_cache_state"]
+    assert not checks.log_checks("seed", checks.recorded_lines(LOG), load_failed, WROTE)["seed_cache_state"]
 
 
 def test_an_argparse_error_and_a_load_failure_are_seen_in_the_log():

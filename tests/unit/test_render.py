@@ -208,6 +208,17 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
     assert seed_pod["spec"]["restartPolicy"] == "Never"
 
 
+@pytest.mark.parametrize("version", ["0.22.1", "0.26.0", "0.29.0", "0.32.0", "0.33.0"])
+def test_home_derived_key_paths_are_fixed_on_the_cache_volume_for_every_version(version: str) -> None:
+    # vLLM before 0.28 hashes these into its key and defaults them from HOME: a seed pod and a serving pod
+    # that differ in HOME (another user, another image) must still compute one key.
+    svc = service(**{"runtime.engineVersion": version})
+    for role in ("seed", "serve"):
+        env = engine_invocation(svc, role).env
+        assert env["VLLM_CONFIG_ROOT"] == f"{CACHE_MOUNT_PATH}/config"
+        assert env["VLLM_XLA_CACHE_PATH"] == f"{CACHE_MOUNT_PATH}/xla"
+
+
 def test_seed_wrapper_compiles() -> None:
     compile(SEED_WRAPPER, "<seed-wrapper>", "exec")
 

@@ -5,9 +5,10 @@ Pure code: imports only the standard library, so the GPU benchmark can use it on
 
 from stoker.phases.kubernetes import KUBERNETES_PHASES, kubernetes_phases
 from stoker.phases.parser import ENGINE_PHASES, StartupLogParser, parse_log
-from stoker.phases.timeline import CompileCache, StartupTimeline, summarize
+from stoker.phases.timeline import COMPILE_PHASES, CompileCache, StartupTimeline, summarize
 
 __all__ = [
+    "COMPILE_PHASES",
     "ENGINE_PHASES",
     "KUBERNETES_PHASES",
     "CompileCache",

@@ -5,7 +5,12 @@ vLLM's key (backend dir `torch_compile_cache/<H10>`, AOT dir `torch_aot_compile/
   logging, usage stats, multiprocessing method, ...; `EngineProfile.key_ignored_env`): here, every
   `VLLM_*` variable outside that list;
 - the resolved defaults of paths derived from HOME / XDG_* and CUDA_HOME, and TORCHINDUCTOR_* / TRITON_*
-  settings through the Inductor config: here, those variables when set;
+  settings through the Inductor config: here, those variables when set. VLLM_CONFIG_ROOT (default
+  ~/.config/vllm) and VLLM_XLA_CACHE_PATH (default ~/.cache/vllm/xla_cache) are hashed by vLLM 0.22.1-0.26.0
+  (the 0.28.0 wheel's envs.compile_factors ignores both), so a seed and a serving pod with different HOMEs
+  would compute different keys: engine_env pins both under the cache mount for every version, as it does
+  VLLM_CACHE_ROOT and VLLM_ASSETS_CACHE (with them set, compile_factors of 0.22.1, 0.25.1, 0.26.0 and
+  0.32.0 no longer depends on HOME; measured: bench/results/home-split-v0.26.0/);
 - HF_HUB_OFFLINE, indirectly: it rewrites a repo id to its snapshot path, and the model string is hashed;
 - the model string, revision, TP size, max-model-len, capture sizes, eager mode and every other engine
   flag: here, the serving args minus the flags the release ignores (port, served model name, GPU memory

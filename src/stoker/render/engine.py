@@ -73,6 +73,10 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         "TRITON_CACHE_DIR": f"{CACHE_MOUNT_PATH}/triton",
         "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT_PATH}/inductor",
         "FLASHINFER_WORKSPACE_BASE": f"{CACHE_MOUNT_PATH}/flashinfer",
+        # vLLM before 0.28 hashes these two paths into its compile-cache key and defaults them from HOME, so
+        # seed and serving pods with different HOMEs would split the key (measured on 0.26.0).
+        "VLLM_CONFIG_ROOT": f"{CACHE_MOUNT_PATH}/config",
+        "VLLM_XLA_CACHE_PATH": f"{CACHE_MOUNT_PATH}/xla",
         # Ignored by the key; a cluster workload should not report usage.
         "VLLM_NO_USAGE_STATS": "1",
         # vLLM's CLI forces spawn, so the engine process and every tensor-parallel worker import
