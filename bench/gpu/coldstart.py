@@ -12,7 +12,15 @@ Writes OUT/logs/r<rep>-<profile>.log (every output line prefixed with `[seconds 
 `stoker.phases` reads), OUT/runs.jsonl (one line per run) and OUT/host.json; bench/gpu/report.py turns them
 into the results JSON, chart and table. Standard library only, plus stoker (and pydantic) for rendering.
 
+With --shapes (the predictor's sweep, bench/predictor/shapes.py): the manifest serves each shape's synthetic
+checkpoint (make_model.py --shapes, under /models/<shape>) in turn. Pass 1 runs stock, stoker-seed and stoker
+for every shape; pass 2 runs stock and stoker again, held-out shapes first, so that a lease that ends early
+still leaves every shape measured once. Each shape keeps its own seeded cache. Runs are logged as
+OUT/logs/<shape>-r<rep>-<profile>.log; OUT/models.json holds each checkpoint's config, file sizes and (where
+stoker.predict is importable) its model facts, as the seed Job would print them.
+
 usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spawn] [--stop-after 1300]
+       coldstart.py MANIFEST OUT --shapes NAME,NAME,... [--no-decode] [--stop-after 1300]
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.predictor.shapes import SHAPES, Shape
 from profiles import (
     DEFAULT_PROFILE,
     Invocation,
@@ -40,6 +49,9 @@ from profiles import (
     serve_invocation,
     stock_invocation,
 )
+
+from stoker.api import VLLMService
+from stoker.api.owned import MODEL_SOURCE_MOUNT_PATH
 
 # The host's home: vLLM installed under site/, its `vllm` script under bin/ (see setup.sh).
 HOME = Path(os.environ.get("BENCH_HOME", "/root"))
@@ -53,6 +65,8 @@ CONTAINER_LOCAL = [
     Path("/tmp/torchinductor_root"),
 ]
 SEED_SNAPSHOT = HOME / "seeded-cache"
+# The sweep keeps one seeded cache per shape (the model path is part of vLLM's compile-cache key).
+SHAPE_SNAPSHOTS = HOME / "seeded-caches"
 SEED_EXIT_TIMEOUT_S = 600  # the seed wrapper's warm-up completion and shutdown
 # A later device call may write this to change the remaining plan without restarting the driver.
 PLAN_OVERRIDE = HOME / "bench-plan.json"
@@ -239,14 +253,18 @@ def run_server(
     return result
 
 
-def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[str, Any]:
+def start_and_measure(log_path: Path, inv: Invocation, measure: bool, decode: bool = True) -> dict[str, Any]:
     def probe(base: str, result: dict[str, Any], process: subprocess.Popen[str]) -> None:
         result["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
         if inv.exits_by_itself:
             process.wait(timeout=SEED_EXIT_TIMEOUT_S)
             return
         if measure:
-            probes = [("firstCompletion", first_completion), ("decode", decode_rate)]
+            probes: list[tuple[str, Callable[[str, str], dict[str, Any]]]] = [
+                ("firstCompletion", first_completion)
+            ]
+            if decode:
+                probes.append(("decode", decode_rate))
             if inv.sleep_check:
                 probes.append(("sleepWake", sleep_wake))
             for key, run_probe in probes:
@@ -258,14 +276,15 @@ def start_and_measure(log_path: Path, inv: Invocation, measure: bool) -> dict[st
     return run_server(log_path, inv, probe)
 
 
-def prepare(cache_dir: str | None, restore_seed: bool) -> bool:
-    """A new pod on a new node: no container-local caches, the cache volume as the seed left it, cold disk."""
+def prepare(cache_dir: str | None, restore_seed: bool, snapshot: Path = SEED_SNAPSHOT) -> bool:
+    """A new pod on a new node: no container-local caches, the cache volume as the seed left it
+    (`snapshot`), cold disk."""
     for path in CONTAINER_LOCAL:
         shutil.rmtree(path, ignore_errors=True)
     if cache_dir:
         shutil.rmtree(cache_dir, ignore_errors=True)
         if restore_seed:
-            shutil.copytree(SEED_SNAPSHOT, cache_dir, symlinks=True)
+            shutil.copytree(snapshot, cache_dir, symlinks=True)
         else:
             os.makedirs(cache_dir)
     wait_gpu_free()
@@ -280,30 +299,52 @@ class Budget:
 
     def allows(self, name: str, reserve: list[str]) -> bool:
         """Whether `name` ends before the stop time and still leaves room for the runs in `reserve`."""
-        planned = sum(self.longest.get(later, 90.0) for later in [name, *reserve])
-        return time.monotonic() - self.start + planned < self.stop_after_s
+        return self.fits(sum(self.estimate(later) for later in [name, *reserve]))
+
+    def estimate(self, name: str, like: str | None = None) -> float:
+        """The longest `name` seen, else the longest `like` seen (the same profile on another shape)."""
+        return self.longest.get(name, self.longest.get(like or name, 90.0))
+
+    def fits(self, seconds: float) -> bool:
+        return time.monotonic() - self.start + seconds < self.stop_after_s
 
     def record(self, name: str, seconds: float) -> None:
         self.longest[name] = max(self.longest.get(name, 0.0), seconds + 10)
 
 
 def run(
-    name: str, rep: int, inv: Invocation, out: Path, budget: Budget, role: str, reserve: list[str]
+    name: str,
+    rep: int,
+    inv: Invocation,
+    out: Path,
+    budget: Budget,
+    role: str,
+    reserve: list[str],
+    shape: str | None = None,
+    decode: bool = True,
 ) -> dict[str, Any] | None:
-    if not budget.allows(name, reserve):
-        print(json.dumps({"profile": name, "repetition": rep, "skipped": "time budget"}), flush=True)
+    """One start of `inv` as profile `name`; with `shape`, the sweep's start of that shape's checkpoint."""
+    key = f"{shape}/{name}" if shape else name
+    if not (budget.fits(budget.estimate(key, like=name)) and budget.allows(name, reserve)):
+        skipped = {"shape": shape, "profile": name, "repetition": rep, "skipped": "time budget"}
+        print(json.dumps(skipped), flush=True)
         return None
-    dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve")
+    snapshot = SHAPE_SNAPSHOTS / shape if shape else SEED_SNAPSHOT
+    dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve", snapshot=snapshot)
+    log = Path("logs") / (f"{shape}-r{rep}-{name}.log" if shape else f"r{rep}-{name}.log")
     started = time.monotonic()
-    result = start_and_measure(out / "logs" / f"r{rep}-{name}.log", inv, measure=role != "seed")
+    result = start_and_measure(out / log, inv, measure=role != "seed", decode=decode)
     budget.record(name, time.monotonic() - started)
+    budget.record(key, time.monotonic() - started)
     record = {"profile": name, "repetition": rep, "role": role, **result, "pageCacheDropped": dropped}
+    if shape:
+        record.update(shape=shape, log=str(log))
     record.update(argv=inv.argv, env=inv.env)
     if inv.cache_mount_path:
         record["cacheBytesAfter"] = tree_bytes(inv.cache_mount_path)
     with (out / "runs.jsonl").open("a") as runs:
         runs.write(json.dumps(record) + "\n")
-    summary = {key: record.get(key) for key in ("profile", "repetition", "readySeconds", "exitCode")}
+    summary = {key: record.get(key) for key in ("shape", "profile", "repetition", "readySeconds", "exitCode")}
     summary["first"] = result.get("firstCompletion", {}).get("seconds")
     summary["tps"] = result.get("decode", {}).get("tokensPerSecond")
     print(json.dumps(summary), flush=True)
@@ -329,6 +370,57 @@ def host_facts(out: Path) -> None:
     print(json.dumps(facts), flush=True)
 
 
+def shape_service(manifest: str, shape: Shape) -> VLLMService:
+    """The manifest, serving the checkpoint of `shape` (written by make_model.py to /models/NAME)."""
+    svc = load_service(manifest)
+    assert svc.spec.model.source.pvc is not None, "the sweep's manifest takes its model from a PVC"
+    svc.spec.model.source.pvc.path = f"/{shape.name}"
+    return svc
+
+
+def model_record(model_dir: str) -> dict[str, Any]:
+    """What the predictor needs of a checkpoint: its config and file sizes, and the model facts the seed Job
+    prints (stoker.predict.facts, the same function), where this checkout has it."""
+    files = {name: os.path.getsize(os.path.join(model_dir, name)) for name in sorted(os.listdir(model_dir))}
+    config = json.loads(Path(model_dir, "config.json").read_text())
+    record: dict[str, Any] = {"config": config, "files": files}
+    try:
+        from stoker.predict.facts import read_model_facts
+    except ImportError:
+        return record
+    record["facts"] = read_model_facts(model_dir)
+    return record
+
+
+def sweep_plan(shapes: list[Shape]) -> list[tuple[Shape, int, str]]:
+    """(shape, repetition, profile), most useful first. Pass 1: every shape once (stock, seed, stoker), the
+    held-out shapes before the last fitted one, so that a cut-off still leaves shapes to fit and to judge.
+    Pass 2: stock and stoker again, held-out shapes first (pass 1's seed serves pass 2)."""
+    fitted = [shape for shape in shapes if not shape.held_out]
+    held_out = [shape for shape in shapes if shape.held_out]
+    once = [*fitted[:-1], *held_out, *fitted[-1:]]
+    first = [(shape, 1, name) for shape in once for name in ("stock", "stoker-seed", DEFAULT_PROFILE)]
+    again = [*held_out, *fitted]
+    return first + [(shape, 2, name) for shape in again for name in ("stock", DEFAULT_PROFILE)]
+
+
+def sweep(manifest: str, shapes: list[Shape], out: Path, budget: Budget, decode: bool) -> None:
+    models = {shape.name: model_record(f"{MODEL_SOURCE_MOUNT_PATH}/{shape.name}") for shape in shapes}
+    (out / "models.json").write_text(json.dumps(models, indent=1))
+    for shape, rep, name in sweep_plan(shapes):
+        svc = shape_service(manifest, shape)
+        if name == "stock":
+            run(name, rep, stock_invocation(svc), out, budget, "stock", [], shape.name, decode)
+        elif name == "stoker-seed":
+            seeded = run(name, rep, seed_invocation(svc), out, budget, "seed", [], shape.name, decode)
+            seed_cache = seed_invocation(svc).cache_mount_path
+            if seeded and seeded["readySeconds"] is not None and seed_cache:
+                shutil.rmtree(SHAPE_SNAPSHOTS / shape.name, ignore_errors=True)
+                shutil.copytree(seed_cache, SHAPE_SNAPSHOTS / shape.name, symlinks=True)
+        elif (SHAPE_SNAPSHOTS / shape.name).exists():
+            run(name, rep, serve_invocation(svc, name), out, budget, "serve", [], shape.name, decode)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
@@ -340,11 +432,18 @@ def main() -> None:
     parser.add_argument(
         "--stop-after", type=float, default=1300, help="seconds; no run starts that would end later"
     )
+    parser.add_argument("--shapes", help="the predictor's sweep over these bench/predictor/shapes.py shapes")
+    parser.add_argument("--no-decode", action="store_true", help="one completion per start, no decode probe")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = f"{HOME}/site"
     host_facts(out)
+    if args.shapes:
+        shapes = [SHAPES[name] for name in args.shapes.split(",")]
+        sweep(args.manifest, shapes, out, Budget(args.stop_after), decode=not args.no_decode)
+        print("done", flush=True)
+        return
     svc = load_service(args.manifest)
     profiles, repetitions = args.profiles.split(","), args.repetitions
     # One seed for the whole run: a plan override that drops a lever later leaves the seed as it was.
