@@ -78,6 +78,7 @@ def test_a_stock_vllm_serve_takes_the_engines_defaults() -> None:
         (["m", "-cc.max_cudagraph_capture_size=16"], True, 5),
         (["m", "--cudagraph-capture-sizes", "1", "2", "--load_format=runai_streamer"], True, 2),
         (["m", "-cc.pass_config.fuse_norm_quant=true"], True, 51),
+        (["m", "--enforce-eager", "--no-enforce-eager"], True, 51),
     ],
 )
 def test_vllms_spellings(args: list[str], compiled: bool, capture_sizes: int) -> None:

@@ -59,7 +59,8 @@ class EngineSettings(_Document):
 
 
 class HardwareClass(_Document):
-    """Where coefficients hold: the GPU product label (or `cpu`), GPUs per replica, engine major.minor."""
+    """Where coefficients hold: the GPU product label (`cpu`, count 0, for CPU builds), GPUs per replica,
+    engine major.minor."""
 
     gpu_product: str = Field(min_length=1, pattern=r"^[^_\s]+$")
     gpu_count: int = Field(ge=0)

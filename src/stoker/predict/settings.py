@@ -88,7 +88,11 @@ def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
         if name in switches:
             parsed.values.setdefault(name, [])
             continue
-        if name.startswith(("-O", "--no-")) and name not in _OPTIMIZATION_LEVEL:
+        if name.startswith("--no-"):
+            # argparse's BooleanOptionalAction: the negation after the flag wins.
+            parsed.values.pop("--" + name.removeprefix("--no-"), None)
+            continue
+        if name.startswith("-O") and name not in _OPTIMIZATION_LEVEL:
             continue
         values = [inline] if inline is not None else []
         while index < len(args) and _takes(args[index], values, name in multi_valued):
