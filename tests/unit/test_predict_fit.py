@@ -113,6 +113,8 @@ def test_few_fleet_starts_move_toward_them_and_many_dominate() -> None:
     assert truth - sixty < 0.1 * (truth - before)  # sixty outweigh the prior
     refit = fit(slow[:1], prior)
     assert refit.phases["weightLoad"]["loader=runai_streamer"].samples == len(STARTS) + 1
+    # A class without a set of its own refits from the nearest shipped one and keeps its own key.
+    assert fit(slow[:1], prior, hardware="NVIDIA-L4_x1_v0.26").hardware == "NVIDIA-L4_x1_v0.26"
     # What the fleet did not show (another loader's fit) is the prior's, untouched.
     prior_with_auto = prior.model_copy(
         update={

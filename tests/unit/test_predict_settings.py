@@ -8,7 +8,7 @@ import yaml
 from stoker.api import VLLMService
 from stoker.engines import DEFAULT_ENGINE_VERSION, profile_for
 from stoker.predict import EngineSettings, engine_settings
-from stoker.render import engine_invocation
+from stoker.predict.service import hardware_class, service_settings
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 
@@ -19,9 +19,18 @@ def example(name: str) -> VLLMService:
     return VLLMService.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
 
 
-def rendered(svc: VLLMService, cache_state: str = "hit") -> EngineSettings:
-    invocation = engine_invocation(svc, "serve")
-    return engine_settings(invocation.argv, invocation.env, cache_state, DEFAULT_ENGINE_VERSION)  # type: ignore[arg-type]
+def rendered(svc: VLLMService) -> EngineSettings:
+    return service_settings(svc, "hit")
+
+
+def test_a_services_hardware_class() -> None:
+    assert (
+        hardware_class(example("minimal.yaml")).key
+        == f"NVIDIA-H100-80GB-HBM3_x1_v{DEFAULT_ENGINE_VERSION[:4]}"
+    )
+    l4 = service(**{"runtime.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}, "runtime.gpus": 4})
+    assert hardware_class(l4).key == f"NVIDIA-L4_x4_v{DEFAULT_ENGINE_VERSION[:4]}"
+    assert service_settings(l4, "miss").tensor_parallel == 4
 
 
 def test_the_minimal_example_as_rendered() -> None:
