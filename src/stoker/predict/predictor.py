@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stoker.engines import EngineProfile, profile_for
+from stoker.phases import COMPILE_PHASES, logged_phase_name
 from stoker.predict.model import (
     CoefficientSet,
     CoefficientSource,
@@ -89,7 +90,6 @@ PHASE_MODELS: dict[str, PhaseModel] = {
     "jitWarmup": PhaseModel(_cache, ()),
     "apiReady": PhaseModel(_cache, ()),
 }
-_COMPILE_PHASES = ("dynamo", "compile")
 
 
 def regime_of(phase: str, settings: EngineSettings) -> str:
@@ -100,9 +100,9 @@ def expected_phases(profile: EngineProfile, settings: EngineSettings) -> list[st
     """The engine phases a start with `settings` logs, named and ordered as `stoker phases` prints them."""
     names = []
     for phase, _ in profile.phase_ends:
-        if phase in _COMPILE_PHASES and settings.cache_state == "none":
+        if phase in COMPILE_PHASES and settings.cache_state == "none":
             continue
-        names.append("compileLoad" if phase == "compile" and settings.cache_state == "hit" else phase)
+        names.append(logged_phase_name(phase, settings.cache_state))
     return names
 
 
