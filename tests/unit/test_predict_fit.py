@@ -154,6 +154,14 @@ def test_predicted_phases_are_the_engine_profiles_in_its_order() -> None:
         assert prediction.total_seconds == len(names)
 
 
+def test_the_starts_engine_version_names_the_phases_whichever_set_is_used() -> None:
+    coefficients = fit(STARTS, hardware=HARDWARE)
+    coefficients.phases["jitWarmup"] = {"cache=hit": PhaseFit(intercept=0.6, samples=1)}
+    assert "jitWarmup" in predict(SHAPES[0], SERVING, coefficients).phases
+    older = SERVING.model_copy(update={"engine_version": "0.22.1"})  # no kernel warm-up phase
+    assert "jitWarmup" not in predict(SHAPES[0], older, coefficients).phases
+
+
 def test_a_phase_the_set_never_saw_is_not_predicted() -> None:
     cpu = CoefficientSet(
         hardware="cpu_x0_v0.26",

@@ -44,6 +44,7 @@ def test_the_minimal_example_as_rendered() -> None:
         sleep_mode=False,
         cache_state="hit",
         forked_engine=True,
+        engine_version=DEFAULT_ENGINE_VERSION,
     )
 
 
@@ -68,7 +69,7 @@ def test_eager_tensor_parallel_and_standby_examples() -> None:
 def test_a_stock_vllm_serve_takes_the_engines_defaults() -> None:
     stock = engine_settings(["vllm", "serve", "/models/m", "--max-model-len", "4096"], {}, "miss", "0.26.0")
     # The default capture sizes that the stock H100 logs show: "Capturing CUDA graphs ... 51/51".
-    assert stock == EngineSettings(capture_sizes=51, cache_state="miss")
+    assert stock == EngineSettings(capture_sizes=51, cache_state="miss", engine_version="0.26.0")
     assert profile_for("0.26.0").capture_sizes.count() == 51
     assert engine_settings(["m", "--max-num-seqs", "16"], {}, "miss", "0.26.0").capture_sizes == 7  # up to 32
 

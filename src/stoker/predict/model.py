@@ -56,6 +56,8 @@ class EngineSettings(_Document):
     cache_state: CompileCache
     # VLLM_WORKER_MULTIPROC_METHOD=fork: the engine process is forked instead of spawned (imports once).
     forked_engine: bool = False
+    # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
+    engine_version: str | None = None
 
 
 class HardwareClass(_Document):

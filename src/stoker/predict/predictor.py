@@ -107,9 +107,11 @@ def expected_phases(profile: EngineProfile, settings: EngineSettings) -> list[st
 
 
 def predict(facts: ModelFacts, settings: EngineSettings, coefficients: CoefficientSet) -> Prediction:
-    """Expected engine phases of one start; a phase the set has never seen (no fit in any regime, e.g.
-    graph capture on CPU) is left out, as the parser leaves out a phase the log does not show."""
-    profile = profile_for(f"{HardwareClass.from_key(coefficients.hardware).engine_version}.0")
+    """Expected engine phases of one start, in the phases of the settings' engine version (else the set's);
+    a phase the set has never seen (no fit in any regime, e.g. graph capture on CPU) is left out, as the
+    parser leaves out a phase the log does not show."""
+    version = settings.engine_version or f"{HardwareClass.from_key(coefficients.hardware).engine_version}.0"
+    profile = profile_for(version)
     phases: dict[str, float] = {}
     fallbacks: dict[str, str] = {}
     for phase in expected_phases(profile, settings):

@@ -61,6 +61,7 @@ def engine_settings(
         sleep_mode=flags.sleep_mode in parsed.values,
         cache_state=cache_state if compiled else "none",
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
+        engine_version=engine_version,
     )
 
 
