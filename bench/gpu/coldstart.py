@@ -13,7 +13,7 @@ synthetic checkpoint (make_model.py --shapes, under /models/<shape>) in turn. Pa
 and stoker for every shape (held-out shapes before the last fitted one); pass 2 runs stock and stoker
 again, held-out shapes first, so that a lease that ends early still leaves every shape measured once.
 Each shape keeps its own seeded cache. Logs: OUT/logs/<shape>-r<rep>-<profile>.log; OUT/models.json holds
-each checkpoint's config, file sizes and (where stoker.predict is importable) its model facts.
+each checkpoint's model facts (stoker.predict.read_model_facts), config and file sizes.
 
 Seed warm-up (--seed-warmup, seedwarmup.py) and standby (--standby, standby.py): see those modules.
 
@@ -52,6 +52,7 @@ from profiles import (
 
 from stoker.api import VLLMService
 from stoker.api.owned import MODEL_SOURCE_MOUNT_PATH
+from stoker.predict.facts import read_model_facts
 
 # The sweep keeps one seeded cache per shape (the model path is part of vLLM's compile-cache key).
 SHAPE_SNAPSHOTS = HOME / "seeded-caches"
@@ -74,7 +75,8 @@ def run(
 ) -> dict[str, Any] | None:
     """One start of `inv` as profile `name`; with `shape`, the sweep's start of that shape's checkpoint."""
     key = f"{shape}/{name}" if shape else name
-    if not (budget.fits(budget.estimate(key, like=name)) and budget.allows(name, reserve)):
+    # It must end before the stop time and still leave room for the runs in `reserve`.
+    if not budget.fits(budget.estimate(key, like=name) + sum(budget.estimate(later) for later in reserve)):
         skipped = {"shape": shape, "profile": name, "repetition": rep, "skipped": "time budget"}
         print(json.dumps(skipped), flush=True)
         return None
@@ -109,17 +111,11 @@ def shape_service(manifest: str, shape: Shape) -> VLLMService:
 
 
 def model_record(model_dir: str) -> dict[str, Any]:
-    """What the predictor needs of a checkpoint: its config and file sizes, and the model facts the seed Job
-    prints (stoker.predict.facts, the same function), where this checkout has it."""
+    """What the predictor needs of a checkpoint: the model facts the seed Job prints (the same function),
+    and the config and file sizes they were read from."""
     files = {name: os.path.getsize(os.path.join(model_dir, name)) for name in sorted(os.listdir(model_dir))}
     config = json.loads(Path(model_dir, "config.json").read_text())
-    record: dict[str, Any] = {"config": config, "files": files}
-    try:
-        from stoker.predict.facts import read_model_facts
-    except ImportError:
-        return record
-    record["facts"] = read_model_facts(model_dir)
-    return record
+    return {"config": config, "files": files, "facts": read_model_facts(model_dir)}
 
 
 def sweep_plan(shapes: list[Shape]) -> list[tuple[Shape, int, str]]:

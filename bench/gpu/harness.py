@@ -265,10 +265,6 @@ class Budget:
         self.stop_after_s = stop_after_s
         self.longest: dict[str, float] = dict(estimates)
 
-    def allows(self, name: str, reserve: list[str]) -> bool:
-        """Whether `name` ends before the stop time and still leaves room for the runs in `reserve`."""
-        return self.fits(sum(self.estimate(later) for later in [name, *reserve]))
-
     def estimate(self, name: str, like: str | None = None) -> float:
         """The longest `name` seen, else the longest `like` seen (the same profile on another shape)."""
         return self.longest.get(name, self.longest.get(like or name, 90.0))
