@@ -1,0 +1,146 @@
+"""Startup prediction end to end: a seed log with the model's facts gives `status.startup.expected` before
+any serving pod is Ready, a serving start slower than expected raises SlowStart, and observed starts refit
+the coefficients kept in the operator's ConfigMap. Fake pods "print" recorded H100 logs through kwok."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hack.kwoklogs import SECONDS_PREFIX, print_recording
+
+from stoker.phases import parse_log
+from stoker.predict.fleet import SLOW_START_FRACTION, SLOW_START_SECONDS, coefficients_key, observations_key
+from stoker.predict.model import CoefficientSet, HardwareClass, Observation
+from stoker.predict.predictor import predict
+from tests.e2e.helpers import get_json, wait_for
+
+pytestmark = pytest.mark.e2e
+
+DATA = Path(__file__).resolve().parent / "data"
+RECORDED = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
+# The operator's defaults outside the chart (tests/conftest.py runs `stoker run` without them set).
+COEFFICIENTS = ("default", "stoker-startup-coefficients")
+HARDWARE = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.22")
+WEIGHTS_LOADED = "Model loading took"
+
+
+def stretched(recording: Path, from_marker: str, seconds: float, target: Path) -> Path:
+    """`recording` with every line from the first one containing `from_marker` on `seconds` later: the
+    phase that marker ends takes that much longer, the others are unchanged."""
+    lines, shifting = [], False
+    for line in recording.read_text().splitlines():
+        shifting = shifting or from_marker in line
+        match = SECONDS_PREFIX.match(line)
+        if shifting and match:
+            line = f"[{float(match.group(1)) + seconds:9.3f}] {line[match.end() :]}"
+        lines.append(line)
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def fleet(kubectl) -> dict[str, str]:
+    configmap = get_json(kubectl, "-n", COEFFICIENTS[0], "configmap", COEFFICIENTS[1]) or {}
+    return dict(configmap.get("data") or {})
+
+
+def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, operator, tmp_path):
+    svc = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "predicted"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            # Nothing serves until the test scales it up, so "before the first serving pod" is certain.
+            "runtime": {"replicas": 0, "engineVersion": "0.22.1"},
+        },
+    }
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    seed_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=seed"
+    print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
+
+    def startup():
+        obj = get_json(kubectl, "-n", namespace, "vllmservice", "predicted") or {}
+        return (obj.get("status") or {}).get("startup") or {}
+
+    expected = wait_for(lambda: startup().get("expected", {}).get("totalSeconds"), what="a prediction")
+    status = startup()
+    assert status["model"]["layers"] == 32 and status["model"]["tokenizerBytes"] == 9085657
+    before = status["expected"]
+    assert before["cacheState"] == "hit"  # the seed filled the cache: serving pods load it
+    assert before["hardware"] == HARDWARE.key
+    assert before["totalSeconds"] == pytest.approx(sum(before["phases"].values()), abs=0.05)
+    server_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=server"
+    pods = get_json(kubectl, "-n", namespace, "pods", "-l", server_selector) or {}
+    assert pods["items"] == []  # the prediction came before any serving pod existed
+    table = kubectl("-n", namespace, "get", "vsvc", "predicted").stdout  # the Expected(s) column
+    assert "EXPECTED(S)" in table and f"{expected:.2f}".rstrip("0").rstrip(".") in table, table
+    # The seed's own start is the first observation of this hardware class.
+    seed_pod = status["seed"]["pod"]
+    observed = json.loads(fleet(kubectl)[observations_key(HARDWARE)])
+    assert any(seed_pod in entry["label"] for entry in observed)
+    coefficients_before = CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(HARDWARE)])
+
+    # A serving start whose weight load takes far longer than predicted: the recorded hit, stretched.
+    with open(RECORDED / "seeded-serving.log", newline="") as recording:
+        recorded = parse_log(recording)
+    overruns = {
+        phase: recorded.phases.get(phase, 0.0) - before["phases"].get(phase, 0.0)
+        for phase in {*recorded.phases, *before["phases"]}
+    }
+    allowed = max(SLOW_START_FRACTION * before["totalSeconds"], SLOW_START_SECONDS)
+    delay = 20 + max(
+        before["totalSeconds"] + allowed - recorded.total_seconds,  # slow enough to warn
+        max(overruns.values()) - overruns["weightLoad"],  # and weightLoad overran most
+    )
+    slow_log = stretched(RECORDED / "seeded-serving.log", WEIGHTS_LOADED, delay, tmp_path / "slow.log")
+    kubectl("-n", namespace, "scale", "vsvc", "predicted", "--replicas=1")
+    pod = print_recording(kubectl, namespace, server_selector, slow_log, tmp_path)
+
+    def slow_start_events():
+        events = get_json(
+            kubectl, "-n", namespace, "events", "--field-selector", "involvedObject.name=predicted"
+        )
+        return [e for e in (events or {}).get("items", []) if e["reason"] == "SlowStart"]
+
+    (event,) = wait_for(slow_start_events, what="a SlowStart Event")
+    assert event["type"] == "Warning"
+    assert "weightLoad overran most" in event["message"] and pod in event["message"], event["message"]
+    last = wait_for(lambda: startup().get("last"), what="the serving start in status")
+    assert last["pod"] == pod and last["totalSeconds"] == pytest.approx(
+        recorded.total_seconds + delay, abs=0.05
+    )
+
+    # The serving start was observed and refitted its class: its weight load is now predicted longer,
+    # toward what was observed, than by the coefficients before it.
+    def refitted():
+        data = fleet(kubectl)
+        entries = json.loads(data.get(observations_key(HARDWARE), "[]"))
+        mine = [Observation.model_validate(e) for e in entries if pod in e["label"]]
+        return (
+            (mine[0], CoefficientSet.model_validate_json(data[coefficients_key(HARDWARE)])) if mine else None
+        )
+
+    observation, coefficients_after = wait_for(refitted, what="the serving start in the ConfigMap")
+    assert coefficients_after.source == "fleet"
+    seen = observation.phases["weightLoad"]
+    old = predict(observation.facts, observation.settings, coefficients_before).phases["weightLoad"]
+    new = predict(observation.facts, observation.settings, coefficients_after).phases["weightLoad"]
+    assert abs(new - seen) < abs(old - seen), (old, new, seen)
+    # And the next serving start is expected from the refitted coefficients.
+    after = wait_for(
+        lambda: (
+            (e := startup().get("expected", {})).get("phases", {}).get("weightLoad", 0)
+            > before["phases"].get("weightLoad", 0)
+            and e
+        ),
+        what="a prediction from the refitted coefficients",
+    )
+    assert after["source"] == "fleet"
+
+    metrics = operator.metrics()
+    series = rf'name="predicted",namespace="{namespace}",phase="total"'
+    assert re.search(r"stoker_startup_expected_seconds\{" + series + r"\} \d", metrics)
+    assert re.search(r"stoker_startup_observed_seconds\{" + series + r"\} \d", metrics)
