@@ -660,6 +660,7 @@ class Reconciler:
             role=role,
             record=record,
             engine_phases=dict(timeline.phases),
+            total_seconds=timeline.total_seconds or 0.0,
             facts=self._model_facts(body, pod_name, facts_lines),
             label=f"{namespace}/{pod_name}#{attempt[1]}",
         )
@@ -721,7 +722,7 @@ class Reconciler:
                 if expected_before.get("phases"):
                     slow = slow_start(
                         start.engine_phases,
-                        record["totalSeconds"],
+                        start.total_seconds,
                         expected_before["phases"],
                         expected_before["totalSeconds"],
                     )
@@ -797,6 +798,7 @@ class ParsedStart:
     role: str
     record: Manifest
     engine_phases: dict[str, float]
+    total_seconds: float
     facts: ModelFacts | None
     label: str
 
