@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 DATA = Path(__file__).resolve().parent / "data"
 RECORDED = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
 # The operator's defaults outside the chart (tests/conftest.py runs `stoker run` without them set).
-COEFFICIENTS = ("default", "stoker-startup-coefficients")
+CONFIGMAP = ("configmap", "stoker-startup-coefficients")
+CONFIGMAP_NAMESPACE = "default"
 HARDWARE = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.22")
 WEIGHTS_LOADED = "Model loading took"
 
@@ -42,8 +43,15 @@ def stretched(recording: Path, from_marker: str, seconds: float, target: Path) -
 
 
 def fleet(kubectl) -> dict[str, str]:
-    configmap = get_json(kubectl, "-n", COEFFICIENTS[0], "configmap", COEFFICIENTS[1]) or {}
+    configmap = get_json(kubectl, "-n", CONFIGMAP_NAMESPACE, *CONFIGMAP) or {}
     return dict(configmap.get("data") or {})
+
+
+def events(kubectl, namespace: str) -> list[dict]:
+    about = "involvedObject.name=predicted"
+    return list(
+        (get_json(kubectl, "-n", namespace, "events", "--field-selector", about) or {}).get("items", [])
+    )
 
 
 def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, operator, tmp_path):
@@ -82,6 +90,11 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     observed = json.loads(fleet(kubectl)[observations_key(HARDWARE)])
     assert any(seed_pod in entry["label"] for entry in observed)
     coefficients_before = CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(HARDWARE)])
+    # A hand edit garbles this class's observations; a key of another class is not stoker's business here.
+    garbled = {observations_key(HARDWARE): "[{not json", "someone-elses.json": "left as it is"}
+    kubectl(
+        "-n", CONFIGMAP_NAMESPACE, "patch", *CONFIGMAP, "--type=merge", "-p", json.dumps({"data": garbled})
+    )
 
     # A serving start whose weight load takes far longer than predicted: the recorded hit, stretched.
     with open(RECORDED / "seeded-serving.log", newline="") as recording:
@@ -139,8 +152,21 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
         what="a prediction from the refitted coefficients",
     )
     assert after["source"] == "fleet"
+    # The garbled key was reported and replaced; the other key is as it was.
+    garbling = [e for e in events(kubectl, namespace) if e["reason"] == "StartupCoefficientsGarbled"]
+    assert len(garbling) == 1 and observations_key(HARDWARE) in garbling[0]["message"]
+    assert fleet(kubectl)["someone-elses.json"] == "left as it is"
 
     metrics = operator.metrics()
     series = rf'name="predicted",namespace="{namespace}",phase="total"'
     assert re.search(r"stoker_startup_expected_seconds\{" + series + r"\} \d", metrics)
     assert re.search(r"stoker_startup_observed_seconds\{" + series + r"\} \d", metrics)
+
+    # A restart keeps what was learned: the new process predicts the same from the kept ConfigMap (its
+    # gauge is set by its own first reconcile of the object).
+    operator.stop()
+    operator.start()
+    total = re.escape(f"stoker_startup_expected_seconds{{{series}}} {float(after['totalSeconds'])}")
+    wait_for(lambda: re.search(total, operator.metrics()), what="the restarted operator's prediction")
+    kept = CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(HARDWARE)])
+    assert kept == coefficients_after and startup()["expected"] == after
