@@ -15,7 +15,9 @@ from stoker.phases import parse_log
 from stoker.predict.fleet import SLOW_START_FRACTION, SLOW_START_SECONDS, coefficients_key, observations_key
 from stoker.predict.model import CoefficientSet, HardwareClass, Observation
 from stoker.predict.predictor import predict
+from stoker.render import MODEL_FACTS_ANNOTATION
 from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.test_cache_retention import delete_and_wait_for_garbage_collection, seed_jobs
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +44,20 @@ def stretched(recording: Path, from_marker: str, seconds: float, target: Path) -
     return target
 
 
+def llama(name: str, **runtime: object) -> dict:
+    """Llama-3.1-8B on vLLM 0.22.1, the version of the recorded logs (so observations and predictions
+    share a hardware class)."""
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "runtime": {"engineVersion": "0.22.1", **runtime},
+        },
+    }
+
+
 def fleet(kubectl) -> dict[str, str]:
     configmap = get_json(kubectl, "-n", CONFIGMAP_NAMESPACE, *CONFIGMAP) or {}
     return dict(configmap.get("data") or {})
@@ -55,16 +71,8 @@ def events(kubectl, namespace: str) -> list[dict]:
 
 
 def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, operator, tmp_path):
-    svc = {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": "predicted"},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            # Nothing serves until the test scales it up, so "before the first serving pod" is certain.
-            "runtime": {"replicas": 0, "engineVersion": "0.22.1"},
-        },
-    }
+    # Nothing serves until the test scales it up, so "before the first serving pod" is certain.
+    svc = llama("predicted", replicas=0)
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
     seed_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=seed"
     print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
@@ -170,3 +178,30 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     wait_for(lambda: re.search(total, operator.metrics()), what="the restarted operator's prediction")
     kept = CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(HARDWARE)])
     assert kept == coefficients_after and startup()["expected"] == after
+
+
+def test_a_reused_cache_brings_the_model_facts_of_its_seed(namespace, kubectl, operator, tmp_path):
+    svc = llama("reused")
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    seed_selector = "app.kubernetes.io/instance=reused,app.kubernetes.io/component=seed"
+    print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
+
+    def claim_facts():
+        claim = get_json(kubectl, "-n", namespace, "pvc", "reused-cache") or {}
+        return (claim.get("metadata", {}).get("annotations") or {}).get(MODEL_FACTS_ANNOTATION)
+
+    facts = json.loads(wait_for(claim_facts, what="the model facts on the cache claim"))
+    assert facts["layers"] == 32
+
+    # The same spec again after a delete: the kept claim skips the seed and brings its facts along.
+    delete_and_wait_for_garbage_collection(kubectl, namespace, "reused")
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+
+    def expected():
+        obj = get_json(kubectl, "-n", namespace, "vllmservice", "reused") or {}
+        startup = (obj.get("status") or {}).get("startup") or {}
+        return startup if (startup.get("expected") or {}).get("totalSeconds") else None
+
+    startup = wait_for(expected, what="a prediction without a seed run")
+    assert startup["model"] == facts and "seed" not in startup
+    assert seed_jobs(kubectl, namespace, "reused") == []

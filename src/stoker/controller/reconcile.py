@@ -73,6 +73,7 @@ from stoker.render import (
     COMPONENT_LABEL,
     COMPONENT_SEED,
     INSTANCE_LABEL,
+    MODEL_FACTS_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
     cache_key,
     cache_pvc_name,
@@ -188,16 +189,19 @@ class Reconciler:
             if compile_cache.enabled
             else None
         )
-        claim_seeded_key = (
-            (claim["metadata"].get("annotations") or {}).get(SEEDED_KEY_ANNOTATION)
+        claim_annotations = (
+            (claim["metadata"].get("annotations") or {})
             if claim is not None and stokers("PersistentVolumeClaim", claim, uid, svc.name)
-            else None
+            else {}
         )
+        claim_seeded_key = claim_annotations.get(SEEDED_KEY_ANNOTATION)
         seeding = seed_wanted(svc)
+        reused_facts = None
         if seeding and claim_seeded_key == key and cache.get("seededKey") != key:
             # A kept cache (an earlier VLLMService of this name, or this one before an edit and back)
-            # already holds this key's artifacts: no seed Job.
+            # already holds this key's artifacts: no seed Job, and the model facts its seed printed.
             cache["seededKey"], cache["seededAt"] = key, now_rfc3339()
+            reused_facts = claim_annotations.get(MODEL_FACTS_ANNOTATION)
             self.kube.post_event(
                 body,
                 "CacheReused",
@@ -256,6 +260,9 @@ class Reconciler:
             is_cache_claim = kind == "PersistentVolumeClaim" and child_name == claim_name
             if is_cache_claim and seeded:
                 child["metadata"]["annotations"][SEEDED_KEY_ANNOTATION] = key
+                facts = _facts_of_key(status, short_key)
+                if facts is not None:
+                    child["metadata"]["annotations"][MODEL_FACTS_ANNOTATION] = facts
             retained = is_cache_claim and compile_cache.retention_policy == "Retain"
             if not retained:
                 kopf.append_owner_reference(child, owner=kopf.Body(cast(kopf.RawBody, body)))
@@ -290,6 +297,8 @@ class Reconciler:
         startup, new_starts = self._collect_startup(
             body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
         )
+        if reused_facts is not None:
+            _keep_reused_facts(startup, reused_facts, short_key)
         self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
         if startup.get("last") and not still_running(startup["last"], pods):
             # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
@@ -842,6 +851,24 @@ def _miss_detail(record: Manifest) -> str:
     if record.get("compileCacheReason") == "loadFailed":
         return " (loadFailed: the kept cache was there but failed to load)"
     return ""
+
+
+def _facts_of_key(status: Manifest, short_key: str) -> str | None:
+    """The model facts in status, as JSON, if a seed run of this key printed them."""
+    startup = status.get("startup") or {}
+    if startup.get("modelCacheKey") != short_key or not startup.get("model"):
+        return None
+    return json.dumps(startup["model"], sort_keys=True, separators=(",", ":"))
+
+
+def _keep_reused_facts(startup: Manifest, facts: str, short_key: str) -> None:
+    """The facts a reused cache claim carries become this object's; a garbled annotation is ignored."""
+    try:
+        model = ModelFacts.model_validate_json(facts)
+    except ValidationError as error:
+        log.warning("Ignoring the cache claim's model facts: %s", validation_message(error))
+        return
+    startup["model"], startup["modelCacheKey"] = model.model_dump(mode="json", by_alias=True), short_key
 
 
 def _sample_summary(record: Manifest) -> Manifest:
