@@ -11,8 +11,8 @@ from stoker.predict import EngineSettings, HardwareClass, ModelFacts, Observatio
 from stoker.predict.fleet import (
     coefficients_key,
     expected_status,
-    hardware_class,
     observations_key,
+    on_node,
     read_fleet,
     slow_start,
     with_observation,
@@ -52,10 +52,13 @@ def start(label: str, weight_load: float) -> Observation:
     )
 
 
-def test_hardware_class_names_the_node_product_cpu_or_unknown() -> None:
-    assert hardware_class("NVIDIA-H100-80GB-HBM3", 1, "0.26.0") == H100
-    assert hardware_class(None, 2, "0.22.1").key == "unknown_x2_v0.22"
-    assert hardware_class("NVIDIA-H100-80GB-HBM3", 0, "0.26.0").key == "cpu_x0_v0.26"
+def test_a_start_runs_on_its_node_s_gpu_product_cpu_or_unknown() -> None:
+    spec_class = HardwareClass(gpu_product="NVIDIA-A100-SXM4-80GB", gpu_count=1, engine_version="0.26.0")
+    assert on_node(spec_class, "NVIDIA-H100-80GB-HBM3") == H100
+    assert on_node(spec_class, None).key == "unknown_x1_v0.26"
+    assert on_node(spec_class, "odd_label").key == "odd-label_x1_v0.26"
+    cpu = spec_class.model_copy(update={"gpu_count": 0})
+    assert on_node(cpu, "NVIDIA-H100-80GB-HBM3").key == "cpu_x0_v0.26"
 
 
 def test_expected_status_carries_phases_total_and_the_set_used() -> None:

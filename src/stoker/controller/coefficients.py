@@ -109,9 +109,12 @@ class CoefficientStore:
 
 
 def shipped(hardware: HardwareClass) -> CoefficientSet | None:
-    """The shipped defaults nearest to `hardware`, or None (with a log line) when none is shipped."""
+    """The shipped defaults nearest to `hardware`, or None (with a log line) when none is shipped or the
+    shipped file does not parse: predictions then come from the fleet alone, reconciles go on."""
     try:
         return shipped_coefficients(hardware)
     except NoShippedCoefficients as error:
         log.info("No shipped startup coefficients hardware=%s: %s", hardware.key, error)
-        return None
+    except ValueError as error:  # pydantic's ValidationError is one
+        log.warning("Shipped startup coefficients unreadable hardware=%s: %s", hardware.key, error)
+    return None

@@ -64,10 +64,10 @@ from stoker.controller.standby import StandbyOutcome, StandbyPool
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
 from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
 from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line
-from stoker.predict.fleet import expected_status, hardware_class, slow_start
+from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
 from stoker.predict.predictor import predict
-from stoker.predict.settings import engine_settings
+from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_settings
 from stoker.render import (
     CACHE_KEY_LABEL,
     COMPONENT_LABEL,
@@ -75,10 +75,10 @@ from stoker.render import (
     INSTANCE_LABEL,
     MODEL_FACTS_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
+    Role,
     cache_key,
     cache_pvc_name,
     deployment_name,
-    engine_invocation,
     pod_count,
     render_children,
     seed_job_name,
@@ -101,7 +101,6 @@ KOPF_ANNOTATIONS = (f"{GROUP}/last-handled-configuration", f"{GROUP}/reconcile",
 
 LOG_RETRY_SECONDS = 10.0
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery
 
 
 def validation_message(error: ValidationError) -> str:
@@ -610,7 +609,7 @@ class Reconciler:
         return startup, parsed
 
     def _startup_record(
-        self, body: Manifest, pod: Manifest, container: Manifest, role: str, engine_version: str
+        self, body: Manifest, pod: Manifest, container: Manifest, role: Role, engine_version: str
     ) -> ParsedStart | None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
@@ -719,7 +718,6 @@ class Reconciler:
         facts = ModelFacts.model_validate(startup["model"]) if startup.get("model") else None
         # Facts hold for starts of the key whose seed read them: another key may be another model.
         current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None
-        gpus = svc.spec.runtime.gpus
         for start in new_starts:
             record = start.record
             if start.role == "serve" and not record.get("failed"):
@@ -739,18 +737,16 @@ class Reconciler:
                         self.kube.post_event(body, "SlowStart", slow.message(record["pod"]), warning=True)
             if facts is None or record.get("failed") or record["cacheKey"] != startup.get("modelCacheKey"):
                 continue
-            version = record.get("engineVersion") or svc.spec.runtime.resolved_engine_version
-            invocation = engine_invocation(svc, "seed" if start.role == "seed" else "serve")
+            hardware = on_node(hardware_class(svc), record.get("gpuProduct"))
             try:
-                settings = engine_settings(invocation.argv, invocation.env, record["compileCache"], version)
-            except ValueError as error:
+                settings = service_settings(svc, record["compileCache"], start.role)
+                observation = Observation(
+                    facts=facts, settings=settings, phases=start.engine_phases, label=start.label
+                )
+                recorded = self.coefficients.record(hardware, observation)
+            except ValueError as error:  # the start stays in status; only the fleet's fit misses it
                 log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
                 continue
-            observation = Observation(
-                facts=facts, settings=settings, phases=start.engine_phases, label=start.label
-            )
-            hardware = hardware_class(record.get("gpuProduct"), gpus, version)
-            recorded = self.coefficients.record(hardware, observation)
             for key in recorded.garbled:
                 self.kube.post_event(
                     body,
@@ -782,14 +778,11 @@ class Reconciler:
             if seeded:
                 return {"reason": "no model facts: no seed run of this cache key printed them"}
             return None  # the seed is still to tell
-        version = svc.spec.runtime.resolved_engine_version
         seed, last = startup.get("seed") or {}, startup.get("last") or {}
-        product = seed.get("gpuProduct") or last.get("gpuProduct")
-        hardware = hardware_class(product, svc.spec.runtime.gpus, version)
+        hardware = on_node(hardware_class(svc), seed.get("gpuProduct") or last.get("gpuProduct"))
         cache_state: CompileCache = "hit" if seeded else "miss"
-        invocation = engine_invocation(svc, "serve")
         try:
-            settings = engine_settings(invocation.argv, invocation.env, cache_state, version)
+            settings = service_settings(svc, cache_state)
             coefficients = self.coefficients.coefficients(hardware)
             if coefficients is None:
                 return {"reason": f"no startup coefficients for hardware class {hardware.key}"}
@@ -804,7 +797,7 @@ class ParsedStart:
     """One start parsed from its pod's log: its status record, its engine phases and, from a seed, the
     model facts it printed; `label` names the start (pod and restarts) among the fleet's observations."""
 
-    role: str
+    role: Role
     record: Manifest
     engine_phases: dict[str, float]
     total_seconds: float

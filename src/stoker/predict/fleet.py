@@ -28,11 +28,17 @@ _CONFIGMAP_KEY_UNSAFE = re.compile(r"[^-._a-zA-Z0-9]+")
 _OBSERVATIONS = TypeAdapter(list[Observation])
 
 
-def hardware_class(gpu_product: str | None, gpus: int, engine_version: str) -> HardwareClass:
-    """The class a start runs on: the node's GPU product (`nvidia.com/gpu.product`), `cpu` when no GPU is
-    requested, `unknown` when the node does not say; the GPU count; the engine's major.minor."""
-    product = CPU_PRODUCT if gpus == 0 else gpu_product or UNKNOWN_PRODUCT
-    return HardwareClass(gpu_product=product, gpu_count=gpus, engine_version=engine_version)
+def on_node(service_class: HardwareClass, node_product: str | None) -> HardwareClass:
+    """The class a service's start runs on: its GPU count and engine version (stoker.predict.service) with
+    the GPU product of the node (`nvidia.com/gpu.product`), `cpu` for no GPU, `unknown` if the node does
+    not say."""
+    if service_class.gpu_count == 0:
+        product = CPU_PRODUCT
+    else:
+        product = (node_product or UNKNOWN_PRODUCT).replace("_", "-")  # `_` separates a key's parts
+    return HardwareClass(
+        gpu_product=product, gpu_count=service_class.gpu_count, engine_version=service_class.engine_version
+    )
 
 
 def expected_status(prediction: Prediction, hardware: HardwareClass, cache_state: str) -> dict[str, Any]:
