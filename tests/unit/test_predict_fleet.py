@@ -139,6 +139,12 @@ def test_a_garbled_key_is_reported_and_replaced_and_the_others_are_left_alone() 
     assert observations_key(other) not in changes
     repaired = read_fleet({**data, **changes}, H100)
     assert repaired.garbled == [] and [o.label for o in repaired.observations] == ["ns/pod-a#0"]
+    # A start seen again with its class's coefficients garbled since: they are refitted, it is not re-added.
+    again = {**data, **changes, coefficients_key(H100): "garbled"}
+    changes, garbled = with_observation(again, H100, start("ns/pod-a#0", 40.0), PRIOR, limit=200)
+    assert garbled == [coefficients_key(H100)]
+    assert read_fleet({**again, **changes}, H100).coefficients is not None
+    assert [o.label for o in read_fleet({**again, **changes}, H100).observations] == ["ns/pod-a#0"]
 
 
 def test_without_a_prior_the_fleet_fits_its_own_observations() -> None:

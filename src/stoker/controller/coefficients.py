@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
@@ -25,15 +24,6 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 30.0
 CONFLICT_RETRIES = 5
 CONFLICT_BACKOFF_SECONDS = 0.2
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What one observed start did to the ConfigMap: whether it was added, and the keys it replaced
-    because they did not parse."""
-
-    added: bool
-    garbled: list[str]
 
 
 class CoefficientStore:
@@ -58,8 +48,9 @@ class CoefficientStore:
             fleet = read_fleet(self._data, hardware)
         return fleet.coefficients or shipped(hardware)
 
-    def record(self, hardware: HardwareClass, observation: Observation) -> Recorded:
-        """Add one observed start and refit `hardware`'s coefficients from the shipped set as prior."""
+    def record(self, hardware: HardwareClass, observation: Observation) -> list[str]:
+        """Add one observed start and refit `hardware`'s coefficients from the shipped set as prior;
+        returns the keys that did not parse and were replaced."""
         prior = shipped(hardware)
         with self._guard:
             for attempt in range(CONFLICT_RETRIES):
@@ -68,7 +59,7 @@ class CoefficientStore:
                     data = dict(configmap.get("data") or {})
                     changes, garbled = with_observation(data, hardware, observation, prior, self.limit)
                     if not changes:
-                        return Recorded(False, garbled)
+                        return []
                     patch = {
                         "metadata": {"resourceVersion": configmap["metadata"]["resourceVersion"]},
                         "data": changes,
@@ -78,13 +69,13 @@ class CoefficientStore:
                     if error.status != 409:
                         # The start stays in status; only the fleet's fit misses it.
                         log.warning("Recording a start failed%s: %s", self._where(), error.status)
-                        return Recorded(False, [])
+                        return []
                     time.sleep(CONFLICT_BACKOFF_SECONDS * (attempt + 1))
                     continue
                 self._data, self._read_at = dict(written.get("data") or {}), time.monotonic()
-                return Recorded(True, garbled)
+                return garbled
         log.warning("Recording a start gave up after %d conflicts%s", CONFLICT_RETRIES, self._where())
-        return Recorded(False, [])
+        return []
 
     def _where(self) -> str:
         return f" configmap={self.namespace}/{self.name}"

@@ -743,11 +743,11 @@ class Reconciler:
                 observation = Observation(
                     facts=facts, settings=settings, phases=start.engine_phases, label=start.label
                 )
-                recorded = self.coefficients.record(hardware, observation)
+                garbled = self.coefficients.record(hardware, observation)
             except ValueError as error:  # the start stays in status; only the fleet's fit misses it
                 log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
                 continue
-            for key in recorded.garbled:
+            for key in garbled:
                 self.kube.post_event(
                     body,
                     "StartupCoefficientsGarbled",

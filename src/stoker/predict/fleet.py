@@ -134,13 +134,14 @@ def with_observation(
     limit: int,
 ) -> tuple[dict[str, str], list[str]]:
     """The ConfigMap entries to write after one more observed start (the newest `limit` kept, the
-    coefficients refitted from them toward `prior`), and the garbled keys they replace. Nothing to write
-    for a start already recorded under its label (a reconcile that ran again after its status write
-    failed)."""
+    coefficients refitted from them toward `prior`), and the garbled keys they replace. A start already
+    recorded under its label (a reconcile that ran again after its status write failed) is not added again:
+    nothing to write unless a key needs replacing."""
     record = read_fleet(data, hardware)
-    if any(known.label == observation.label for known in record.observations):
-        return {}, record.garbled
-    kept = [*record.observations, observation][-limit:]
+    known = any(seen.label == observation.label for seen in record.observations)
+    if known and not record.garbled:
+        return {}, []
+    kept = (record.observations if known else [*record.observations, observation])[-limit:]
     coefficients = fit(kept, prior, hardware=hardware.key, source="fleet")
     changes = {
         observations_key(hardware): _OBSERVATIONS.dump_json(kept, by_alias=True).decode(),
