@@ -968,7 +968,9 @@ class StartupSummary(_StatusModel):
 class ModelFactsStatus(_StatusModel):
     """The model's facts as the seed Job read them from the model directory (stoker.predict.facts)."""
 
-    checkpoint_bytes: int = Field(description="Bytes of the weight files (*.safetensors, else *.bin/*.pt).")
+    checkpoint_bytes: int = Field(
+        description="Bytes of the weight files (*.safetensors, else *.bin/*.pt); see checkpointBytesSource."
+    )
     layers: int = Field(description="Hidden layers.")
     hidden_size: int = Field(description="Hidden size.")
     intermediate_size: int = Field(description="MLP intermediate size.")
@@ -979,6 +981,16 @@ class ModelFactsStatus(_StatusModel):
     moe: bool = Field(description="A mixture-of-experts model.")
     experts: int = Field(description="Experts per MoE layer (0: dense).")
     dtype: str | None = Field(default=None, description="The config's torch_dtype.")
+    checkpoint_bytes_source: Literal["indexMetadata", "seedLog"] | None = Field(
+        default=None,
+        description=(
+            "Where checkpointBytes came from when the model directory held no weight files (absent: their"
+            " sizes). indexMetadata: the total_size of the sharded checkpoint's index. seedLog: the seed's"
+            " `Model loading took X GiB` line times the tensor-parallel size; the seed loads dummy weights,"
+            " so a hub model's snapshot has none, and their device memory is the model's size in its dtype"
+            " (to 0.01 GiB)."
+        ),
+    )
 
 
 class ExpectedStartup(_StatusModel):

@@ -63,7 +63,7 @@ from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyOutcome, StandbyPool
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
 from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
-from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line
+from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, with_logged_weights
 from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
 from stoker.predict.predictor import predict
@@ -670,6 +670,7 @@ class Reconciler:
             engine_phases=dict(timeline.phases),
             total_seconds=timeline.total_seconds or 0.0,
             facts=self._model_facts(body, pod_name, facts_lines),
+            worker_weight_bytes=timeline.worker_weight_bytes,
             label=f"{namespace}/{pod_name}#{attempt[1]}",
         )
 
@@ -713,7 +714,11 @@ class Reconciler:
         expected_before = startup.get("expected") or {}
         for start in new_starts:
             if start.role == "seed" and start.facts is not None:
-                startup["model"] = start.facts.model_dump(mode="json", by_alias=True)
+                # The tensor-parallel size is in the cache key, so the seed ran with this spec's.
+                seed_facts = with_logged_weights(
+                    start.facts, start.worker_weight_bytes, svc.spec.runtime.effective_tensor_parallel_size
+                )
+                startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
                 startup["modelCacheKey"] = start.record["cacheKey"]
         facts = ModelFacts.model_validate(startup["model"]) if startup.get("model") else None
         # Facts hold for starts of the key whose seed read them: another key may be another model.
@@ -795,13 +800,16 @@ class Reconciler:
 @dataclass(frozen=True)
 class ParsedStart:
     """One start parsed from its pod's log: its status record, its engine phases and, from a seed, the
-    model facts it printed; `label` names the start (pod and restarts) among the fleet's observations."""
+    model facts it printed (checkpointBytes from its log where the model directory had no weights; see
+    `with_logged_weights`); `label` names the start (pod and restarts) among the fleet's observations."""
 
     role: Role
     record: Manifest
     engine_phases: dict[str, float]
     total_seconds: float
     facts: ModelFacts | None
+    # Device memory one engine worker's weights took, as its log said.
+    worker_weight_bytes: int | None
     label: str
 
 

@@ -80,6 +80,14 @@ JIT_MONITOR = ((Marker.JIT_MONITOR, r"Kernel JIT monitor activated"),)
 # 0.29.0 logs its JIT warm-up (model_executor/warmup/kernel_warmup.py:124 `starting.`, :135 `finished in`).
 JIT_WARMUP_LOGGED = ((Marker.JIT_WARMUP_DONE, r"JIT kernel warmup finished in "),)
 
+# The device memory the loaded weights took, in GiB rounded to 0.01 (utils/mem_utils.py `format_gib`), at the
+# end of the LOADED line: one worker's share of the model in its dtype, the same with dummy weights. The V1
+# runner logs it once per node (v1/worker/gpu_model_runner.py:5133 `%s GiB memory and`), Model Runner V2 on
+# every rank (v1/worker/gpu/model_runner.py:296 `%s GiB and`; `GiB memory and` from 0.28.0, :381). The CPU
+# runner logs none.
+WEIGHT_MEMORY_EITHER_RUNNER = r"Model loading took (\d+(?:\.\d+)?) GiB (?:memory )?and "
+WEIGHT_MEMORY = r"Model loading took (\d+(?:\.\d+)?) GiB memory and "
+
 # Wordings of releases before 0.22, kept so that the version-tolerant parse still reads their logs.
 PRE_0_22: tuple[tuple[Marker, str], ...] = (
     (Marker.LOADED, r"Loading model weights took "),  # V0

@@ -7,6 +7,7 @@ or a schema never promises what the oldest release of the range does not do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -20,10 +21,13 @@ from stoker.engines.markers import (
     PRE_0_22,
     TAGGED_COMPILE,
     UNTAGGED_COMPILE,
+    WEIGHT_MEMORY,
+    WEIGHT_MEMORY_EITHER_RUNNER,
     Marker,
 )
 
 Release = tuple[int, int]  # (major, minor)
+_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,8 @@ class EngineProfile:
     # Log wordings this range prints, and the phases they end, in the order the engine runs them.
     log_markers: tuple[tuple[Marker, str], ...]
     phase_ends: tuple[tuple[str, Marker], ...]
+    # The LOADED wording with the weights' device memory in GiB as its one group.
+    weight_memory: str
     capture_sizes: CaptureSizeDefaults = CaptureSizeDefaults()
 
     @property
@@ -137,6 +143,11 @@ class EngineProfile:
 
     def covers(self, release: Release) -> bool:
         return self.first <= release <= self.last
+
+    def logged_weight_bytes(self, message: str) -> int | None:
+        """Bytes one worker's weights took in device memory, if `message` (a LOADED one) says."""
+        found = re.match(self.weight_memory, message)
+        return round(float(found.group(1)) * _GIB) if found is not None else None
 
 
 # Phases before torch.compile: the same on every supported release.
@@ -267,6 +278,7 @@ V0_22 = EngineProfile(
     ),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU),
     phase_ends=_PHASES_NO_WARMUP,
+    weight_memory=WEIGHT_MEMORY_EITHER_RUNNER,
 )
 
 # 0.24.0: unknown extra-config keys and wrong types raise (runai_streamer_loader.py:34-60).
@@ -311,6 +323,8 @@ V0_29 = replace(
     capabilities=replace(V0_26.capabilities, jit_warmup="logged"),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU, *JIT_WARMUP_LOGGED),
     phase_ends=_PHASES_LOGGED_WARMUP,
+    # Both runners say `GiB memory and` from 0.28.0 (v1/worker/gpu/model_runner.py:381).
+    weight_memory=WEIGHT_MEMORY,
 )
 
 # 0.30.0: the weight daemon (`--load-format ipc_cache`); the KV line names its device (kv_cache_utils.py:2396)
@@ -366,6 +380,7 @@ SUPPORTED: tuple[EngineProfile, ...] = (V0_22, V0_24, V0_26, V0_29, V0_30, V0_31
 TOLERANT = replace(
     V0_33,
     first=(0, 0),
+    weight_memory=WEIGHT_MEMORY_EITHER_RUNNER,
     log_markers=tuple(
         dict.fromkeys([*(marker for profile in SUPPORTED for marker in profile.log_markers), *PRE_0_22])
     ),

@@ -80,6 +80,8 @@ class _Run:
     in_traceback: set[str] = field(default_factory=set)
     # The last exception line that no phase marker has followed yet.
     exception: str | None = None
+    # Device memory the first worker that said so loaded its weights into.
+    worker_weight_bytes: int | None = None
 
 
 class StartupLogParser:
@@ -134,7 +136,10 @@ class StartupLogParser:
         if header is not None:
             found = self._markers.match(message)
             if found is not None and found.lastgroup is not None and self._last_time is not None:
-                self._mark(Marker(found.lastgroup), self._last_time)
+                marker = Marker(found.lastgroup)
+                self._mark(marker, self._last_time)
+                if marker is Marker.LOADED and self._run.worker_weight_bytes is None:
+                    self._run.worker_weight_bytes = self._profile.logged_weight_bytes(message)
         self._follow_traceback(line, message)
 
     def timeline(self) -> StartupTimeline:
@@ -164,6 +169,7 @@ class StartupLogParser:
             compile_cache=cache,
             compile_cache_reason=cache_reason,
             engine_version=self._engine_version,
+            worker_weight_bytes=run.worker_weight_bytes,
             failed=failed,
             reason=run.exception if failed else None,
             ready=ready,

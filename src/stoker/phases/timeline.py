@@ -23,6 +23,8 @@ class StartupTimeline:
     compile_cache_reason: CompileCacheReason | None = None
     # The version the log announced, else the one the parser was told; None when neither.
     engine_version: str | None = None
+    # Device memory one worker's weights took (`Model loading took X GiB`), when a GPU runner logged it.
+    worker_weight_bytes: int | None = None
     failed: bool = False
     reason: str | None = None
     ready: bool = False

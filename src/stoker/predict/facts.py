@@ -62,6 +62,20 @@ def read_model_facts(model_dir: str) -> dict:
         # getsize follows the symlinks of a Hugging Face cache snapshot to the blobs.
         return sum(os.path.getsize(path) for path in paths if os.path.isfile(path))
 
+    def indexed_bytes() -> int:
+        """The shards' tensor bytes a sharded checkpoint's index states (its shards need not be here)."""
+        for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            try:
+                with open(os.path.join(model_dir, name), encoding="utf-8") as index_file:
+                    index = json.load(index_file)
+            except (OSError, ValueError):
+                continue
+            metadata = index.get("metadata") if isinstance(index, dict) else None
+            size = metadata.get("total_size") if isinstance(metadata, dict) else None
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+        return 0
+
     attention_heads = whole("num_attention_heads", "n_head", "num_heads")
     experts = 0
     for name in ("num_local_experts", "num_experts", "n_routed_experts"):
@@ -72,7 +86,7 @@ def read_model_facts(model_dir: str) -> dict:
     tokenizer_bytes = total_bytes("tokenizer.json") or total_bytes(
         "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "*.tiktoken"
     )
-    return {
+    facts = {
         "checkpointBytes": total_bytes("*.safetensors") or total_bytes("*.bin", "*.pt", "*.pth"),
         "layers": whole("num_hidden_layers", "n_layer", "num_layers"),
         "hiddenSize": whole("hidden_size", "n_embd", "d_model"),
@@ -85,6 +99,29 @@ def read_model_facts(model_dir: str) -> dict:
         "experts": experts,
         "dtype": first("torch_dtype", "dtype"),
     }
+    indexed = 0 if facts["checkpointBytes"] else indexed_bytes()
+    if indexed:
+        facts.update(checkpointBytes=indexed, checkpointBytesSource="indexMetadata")
+    return facts
+
+
+def with_logged_weights(
+    facts: ModelFacts, worker_weight_bytes: int | None, tensor_parallel: int
+) -> ModelFacts:
+    """`facts` with checkpointBytes from the seed's log when the model directory held no weights.
+
+    The seed loads dummy weights, so a hub model's local snapshot has only config and tokenizer; the
+    weights the engine allocated anyway are the model's size in its dtype, each worker holding its
+    tensor-parallel share.
+    """
+    if facts.checkpoint_bytes or not worker_weight_bytes:
+        return facts
+    return facts.model_copy(
+        update={
+            "checkpoint_bytes": worker_weight_bytes * tensor_parallel,
+            "checkpoint_bytes_source": "seedLog",
+        }
+    )
 
 
 def parse_facts_line(line: str) -> ModelFacts | None:

@@ -15,6 +15,8 @@ from pydantic.alias_generators import to_camel
 from stoker.phases import CompileCache
 
 CoefficientSource = Literal["shipped", "fleet"]
+# Where checkpointBytes came from when not from the weight files' sizes.
+CheckpointBytesSource = Literal["indexMetadata", "seedLog"]
 
 # `<gpu product>_x<gpu count>_v<major.minor>`: the GPU product label never contains `_`.
 _HARDWARE_KEY = re.compile(r"^(?P<product>[^_\s]+)_x(?P<count>\d+)_v(?P<version>\d+\.\d+)$")
@@ -42,6 +44,9 @@ class ModelFacts(_Document):
     moe: bool
     experts: int = Field(ge=0)
     dtype: str | None = None
+    checkpoint_bytes_source: CheckpointBytesSource | None = Field(
+        default=None, exclude_if=lambda source: source is None
+    )
 
 
 class EngineSettings(_Document):
