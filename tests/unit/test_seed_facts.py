@@ -60,3 +60,13 @@ def test_an_unreadable_model_prints_why_but_no_facts(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     output = printed(["vllm", "serve", str(tmp_path)])
     assert output.startswith("stoker-seed: no model facts") and parse_facts_line(output) is None
+
+
+def test_a_snapshot_with_the_index_but_no_shards_prints_the_indexed_size(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    index = {"metadata": {"total_size": 988097536}, "weight_map": {}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (line,) = printed(["vllm", "serve", str(tmp_path), "--served-model-name", "m"]).splitlines()
+    facts = parse_facts_line(line)
+    assert facts is not None and facts.checkpoint_bytes == 988097536
+    assert facts.checkpoint_bytes_source == "indexMetadata"
