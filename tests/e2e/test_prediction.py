@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hack.kwoklogs import SECONDS_PREFIX, print_recording
 
+from stoker.api import VLLMService
 from stoker.phases import parse_log
 from stoker.predict.fleet import (
     SLOW_START_FRACTION,
@@ -19,8 +20,9 @@ from stoker.predict.fleet import (
     observations_key,
     read_fleet,
 )
-from stoker.predict.model import CoefficientSet, HardwareClass, Observation
+from stoker.predict.model import CoefficientSet, HardwareClass, ModelFacts, Observation
 from stoker.predict.predictor import predict
+from stoker.predict.service import service_settings
 from stoker.predict.shipped import shipped_coefficients
 from stoker.render import MODEL_FACTS_ANNOTATION
 from tests.e2e.helpers import get_json, wait_for
@@ -214,3 +216,41 @@ def test_a_reused_cache_brings_the_model_facts_of_its_seed(namespace, kubectl, o
     startup = wait_for(expected, what="a prediction without a seed run")
     assert startup["model"] == facts and "seed" not in startup
     assert seed_jobs(kubectl, namespace, "reused") == []
+
+
+def test_a_hub_snapshot_without_weights_takes_them_from_the_seed_log(namespace, kubectl, operator, tmp_path):
+    """The seed loads dummy weights, so a hub model's snapshot holds none and its facts line says
+    checkpointBytes 0; the recorded seed's `Model loading took 14.96 GiB memory` stands in."""
+    svc = llama("hub-weights", replicas=0)
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    recording = (DATA / "seed-with-facts.log").read_text()
+    without_weights = re.sub(r'"checkpointBytes": \d+', '"checkpointBytes": 0', recording)
+    assert without_weights != recording and WEIGHTS_LOADED in without_weights
+    (tmp_path / "seed.log").write_text(without_weights)
+    seed_selector = "app.kubernetes.io/instance=hub-weights,app.kubernetes.io/component=seed"
+    print_recording(kubectl, namespace, seed_selector, tmp_path / "seed.log", tmp_path)
+
+    def startup():
+        obj = get_json(kubectl, "-n", namespace, "vllmservice", "hub-weights") or {}
+        startup = (obj.get("status") or {}).get("startup") or {}
+        return startup if (startup.get("expected") or {}).get("totalSeconds") else None
+
+    status = wait_for(startup, what="a prediction")
+    assert status["model"]["checkpointBytes"] == round(14.96 * (1 << 30))
+    assert status["model"]["checkpointBytesSource"] == "seedLog"
+    assert status["model"]["layers"] == 32  # the rest of the facts line is kept as printed
+
+    # Predicted from the log's bytes: weight loading costs more than the loader's intercept alone.
+    expected = status["expected"]
+    used = HardwareClass.from_key(expected["coefficients"])
+    coefficients = (
+        CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(used)])
+        if expected["source"] == "fleet"
+        else shipped_coefficients(used)
+    )
+    settings = service_settings(VLLMService.model_validate(svc), expected["cacheState"])
+    facts = ModelFacts.model_validate(status["model"])
+    intercept_alone = predict(facts.model_copy(update={"checkpoint_bytes": 0}), settings, coefficients)
+    from_the_log = predict(facts, settings, coefficients)
+    assert expected["phases"]["weightLoad"] == pytest.approx(from_the_log.phases["weightLoad"], abs=0.01)
+    assert expected["phases"]["weightLoad"] > intercept_alone.phases["weightLoad"] + 0.5
