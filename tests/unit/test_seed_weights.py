@@ -13,6 +13,7 @@ from stoker.engines import SUPPORTED, TOLERANT
 from stoker.phases import parse_log
 from stoker.predict import ModelFacts, read_model_facts
 from stoker.predict.facts import with_logged_weights
+from tests.unit.test_predict_fleet import FACTS as LLAMA_8B
 
 PHASES = Path(__file__).parent / "data" / "phases"
 RESULTS = Path(__file__).parents[2] / "bench" / "results"
@@ -20,19 +21,8 @@ GIB = 1 << 30
 # The 8B benchmark model's safetensors files (bench/results/coldstart-h100-logs/model.json).
 SYNTH_8B_BYTES = 16060522496
 CPU_RELEASES = ("0.22.1", "0.25.1", "0.26.0", "0.28.0", "0.30.0", "0.32.0")
-FACTS = ModelFacts(
-    checkpoint_bytes=0,
-    layers=32,
-    hidden_size=4096,
-    intermediate_size=14336,
-    attention_heads=32,
-    kv_heads=8,
-    vocab_size=128256,
-    tokenizer_bytes=9085657,
-    moe=False,
-    experts=0,
-    dtype="bfloat16",
-)
+# A hub snapshot's facts line: the 8B model's config and tokenizer, no weight files.
+FACTS = LLAMA_8B.model_copy(update={"checkpoint_bytes": 0})
 
 
 def worker_weight_bytes(log: Path) -> int | None:
