@@ -93,6 +93,26 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class CaptureSizeDefaults:
+    """The CUDA graph capture sizes vLLM picks when none are given (config/vllm.py, 0.22.1 `:1655-1700`
+    to 0.33.0 `:2560-2600`): 1, 2, 4, every 8 below 256, every 16 from 256, up to a maximum that defaults to
+    min(2 x max_num_seqs, 512); the API server's default max_num_seqs (256 or 1024) gives 512, 51 sizes."""
+
+    max_size_limit: int = 512
+
+    def count(self, max_size: int | None = None, max_num_seqs: int | None = None) -> int:
+        """How many sizes vLLM captures up to `max_size` (else the default for `max_num_seqs`)."""
+        if max_size is None:
+            max_size = (
+                self.max_size_limit if max_num_seqs is None else min(2 * max_num_seqs, self.max_size_limit)
+            )
+        sizes = {size for size in (1, 2, 4) if size <= max_size}
+        sizes.update(range(8, min(max_size + 1, 256), 8))
+        sizes.update(range(256, max_size + 1, 16))
+        return len(sizes)
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     first: Release
     last: Release
@@ -108,6 +128,7 @@ class EngineProfile:
     # Log wordings this range prints, and the phases they end, in the order the engine runs them.
     log_markers: tuple[tuple[Marker, str], ...]
     phase_ends: tuple[tuple[str, Marker], ...]
+    capture_sizes: CaptureSizeDefaults = CaptureSizeDefaults()
 
     @property
     def name(self) -> str:

@@ -1,0 +1,43 @@
+"""Startup prediction (issue 13): a model's facts and a start's settings to per-phase seconds.
+
+Pure code, no cluster access: `facts` reads a model directory (standard library only, embedded in the
+seed Job), `settings` reads a `vllm serve` invocation, `predictor` predicts and fits, `shipped` loads the
+coefficient sets fitted from the project's own runs.
+"""
+
+from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, read_model_facts
+from stoker.predict.model import (
+    CoefficientSet,
+    EngineSettings,
+    HardwareClass,
+    ModelFacts,
+    Observation,
+    PhaseFit,
+    Prediction,
+)
+from stoker.predict.predictor import PHASE_MODELS, PRIOR_WEIGHT, expected_phases, fit, predict, regime_of
+from stoker.predict.settings import engine_settings
+from stoker.predict.shipped import NoShippedCoefficients, shipped_coefficients, shipped_hardware
+
+__all__ = [
+    "FACTS_LOG_PREFIX",
+    "PHASE_MODELS",
+    "PRIOR_WEIGHT",
+    "CoefficientSet",
+    "EngineSettings",
+    "HardwareClass",
+    "ModelFacts",
+    "NoShippedCoefficients",
+    "Observation",
+    "PhaseFit",
+    "Prediction",
+    "engine_settings",
+    "expected_phases",
+    "fit",
+    "parse_facts_line",
+    "predict",
+    "read_model_facts",
+    "regime_of",
+    "shipped_coefficients",
+    "shipped_hardware",
+]

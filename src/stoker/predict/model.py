@@ -1,0 +1,134 @@
+"""The predictor's documents: a model's facts, the engine settings of a start, coefficient sets, predictions.
+
+All serialise with camelCase keys (`model_dump(by_alias=True)`), as they appear in the seed's facts line,
+the shipped coefficient files, the operator's ConfigMap and `stoker predict --json`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from stoker.phases import CompileCache
+
+CoefficientSource = Literal["shipped", "fleet"]
+
+# `<gpu product>_x<gpu count>_v<major.minor>`: the GPU product label never contains `_`.
+_HARDWARE_KEY = re.compile(r"^(?P<product>[^_\s]+)_x(?P<count>\d+)_v(?P<version>\d+\.\d+)$")
+_MAJOR_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+.]\S*)?$")
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class ModelFacts(_Document):
+    """What `read_model_facts` reads from a model directory."""
+
+    checkpoint_bytes: int = Field(ge=0)
+    layers: int = Field(ge=0)
+    hidden_size: int = Field(ge=0)
+    intermediate_size: int = Field(ge=0)
+    attention_heads: int = Field(ge=0)
+    kv_heads: int = Field(ge=0)
+    vocab_size: int = Field(ge=0)
+    tokenizer_bytes: int = Field(ge=0)
+    moe: bool
+    experts: int = Field(ge=0)
+    dtype: str | None = None
+
+
+class EngineSettings(_Document):
+    """What a start's `vllm serve` invocation sets that moves its phases (`engine_settings` reads it)."""
+
+    loader: str = "auto"
+    compiled: bool = True
+    capture_sizes: int = Field(ge=0)
+    tensor_parallel: int = Field(default=1, ge=1)
+    sleep_mode: bool = False
+    # Expected (or, for an observed start, logged) compile-cache state: none when nothing is compiled.
+    cache_state: CompileCache
+    # VLLM_WORKER_MULTIPROC_METHOD=fork: the engine process is forked instead of spawned (imports once).
+    forked_engine: bool = False
+
+
+class HardwareClass(_Document):
+    """Where coefficients hold: the GPU product label (or `cpu`), GPUs per replica, engine major.minor."""
+
+    gpu_product: str = Field(min_length=1, pattern=r"^[^_\s]+$")
+    gpu_count: int = Field(ge=0)
+    engine_version: str
+
+    @field_validator("engine_version")
+    @classmethod
+    def _major_minor(cls, version: str) -> str:
+        found = _MAJOR_MINOR.match(version.strip())
+        if found is None:
+            raise ValueError(f"engine version {version!r} is not X.Y or X.Y.Z")
+        return f"{found.group(1)}.{found.group(2)}"
+
+    @property
+    def key(self) -> str:
+        """Stable and usable as a file name and a ConfigMap key, e.g. `NVIDIA-H100-80GB-HBM3_x1_v0.26`."""
+        return f"{self.gpu_product}_x{self.gpu_count}_v{self.engine_version}"
+
+    @classmethod
+    def from_key(cls, key: str) -> HardwareClass:
+        found = _HARDWARE_KEY.match(key.strip())
+        if found is None:
+            raise ValueError(
+                f"hardware key {key!r} is not <gpu product>_x<gpu count>_v<major.minor>"
+                " (e.g. NVIDIA-H100-80GB-HBM3_x1_v0.26, cpu_x0_v0.26)"
+            )
+        return cls(
+            gpu_product=found.group("product"),
+            gpu_count=int(found.group("count")),
+            engine_version=found.group("version"),
+        )
+
+
+class PhaseFit(_Document):
+    """seconds = intercept + sum(weight x feature); `samples` starts behind it (prior ones included)."""
+
+    intercept: float
+    weights: dict[str, float] = Field(default_factory=dict)
+    samples: int = Field(ge=0)
+
+
+class Observation(_Document):
+    """One observed start: the model, the settings it ran with, and its parsed engine phases (seconds)."""
+
+    facts: ModelFacts
+    settings: EngineSettings
+    phases: dict[str, float]
+    # Where it came from (a benchmark's shape/profile/repetition, a pod), for people reading the set.
+    label: str | None = None
+
+
+class CoefficientSet(_Document):
+    """Per phase, per regime (see `stoker.predict.predictor.regime_of`), one linear fit."""
+
+    hardware: str
+    source: CoefficientSource
+    phases: dict[str, dict[str, PhaseFit]]
+    # What the fit saw, in words (shape names, a note); the observations themselves when shipped.
+    fitted_on: list[str] = Field(default_factory=list)
+    observations: list[Observation] = Field(default_factory=list)
+
+
+class Prediction(_Document):
+    """Expected engine phases in the order the engine runs them; their sum is the total."""
+
+    phases: dict[str, float]
+    total_seconds: float
+    # The hardware key of the coefficient set used, and where that set came from.
+    coefficient_set: str
+    source: CoefficientSource
+    # Phases whose regime the set has no fit for, with the regime whose fit stood in.
+    fallbacks: dict[str, str] = Field(default_factory=dict)

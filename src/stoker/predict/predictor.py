@@ -1,0 +1,213 @@
+"""Per-phase startup prediction: one small linear model per engine phase and regime (the paper's finding).
+
+Each phase is linear in a few features of the model and the settings (`PHASE_MODELS`), with coefficients
+per regime, the part of the settings that changes the phase's work rather than its size:
+- `cache=hit|miss|none` for what the compile cache decides (model-info inspection, Dynamo, compiling or
+  loading compiled graphs, memory profiling, the kernel JIT warm-up, the API server);
+- `loader=<load format>` for weight loading (the streamer, safetensors, dummy weights read nothing);
+- `engine=fork|spawn` for the engine process start (a spawned process imports everything again);
+- `all` for what neither changes (Python bootstrap, CUDA graph capture).
+Tokenizer initialisation happens in the engine-start phase of the log (after `Resolved architecture`),
+so the tokenizer's size is a feature of `engineStart`; `modelInfo` is vLLM's architecture inspection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from stoker.engines import EngineProfile, profile_for
+from stoker.predict.model import (
+    CoefficientSet,
+    CoefficientSource,
+    EngineSettings,
+    HardwareClass,
+    ModelFacts,
+    Observation,
+    PhaseFit,
+    Prediction,
+)
+
+# How many starts the prior counts for: a handful of fleet starts move the coefficients part of the way
+# toward them, a few dozen dominate.
+PRIOR_WEIGHT = 5.0
+# Just enough pull toward the prior (without one: the mean and zero weights) to settle what the starts
+# cannot tell apart, e.g. a feature that is the same in all of them.
+_IDENTIFIABILITY_WEIGHT = 1e-6
+_GB = 1e9
+_MB = 1e6
+
+Feature = Callable[[ModelFacts, EngineSettings], float]
+FEATURES: dict[str, Feature] = {
+    "tokenizerMB": lambda facts, _: facts.tokenizer_bytes / _MB,
+    "checkpointGB": lambda facts, _: facts.checkpoint_bytes / _GB,
+    "layers": lambda facts, _: float(facts.layers),
+    # An MoE layer compiles to a larger graph than a dense one (the per-layer complexity of the paper).
+    "moeLayers": lambda facts, _: float(facts.layers if facts.moe else 0),
+    "captureSizes": lambda _, settings: float(settings.capture_sizes),
+    # Capturing one size replays every layer's kernels once.
+    "captureLayers": lambda facts, settings: float(settings.capture_sizes * facts.layers),
+    "extraWorkers": lambda _, settings: float(settings.tensor_parallel - 1),
+    "sleepMode": lambda _, settings: float(settings.sleep_mode),
+}
+
+
+def _all(_: EngineSettings) -> str:
+    return "all"
+
+
+def _cache(settings: EngineSettings) -> str:
+    return f"cache={settings.cache_state}"
+
+
+def _loader(settings: EngineSettings) -> str:
+    return f"loader={settings.loader}"
+
+
+def _engine(settings: EngineSettings) -> str:
+    return "engine=fork" if settings.forked_engine else "engine=spawn"
+
+
+@dataclass(frozen=True)
+class PhaseModel:
+    regime: Callable[[EngineSettings], str]
+    features: tuple[str, ...]
+
+
+PHASE_MODELS: dict[str, PhaseModel] = {
+    "bootstrap": PhaseModel(_all, ()),
+    "modelInfo": PhaseModel(_cache, ()),
+    "engineStart": PhaseModel(_engine, ("tokenizerMB", "extraWorkers")),
+    "weightLoad": PhaseModel(_loader, ("checkpointGB",)),
+    "dynamo": PhaseModel(_cache, ("layers", "moeLayers")),
+    "compile": PhaseModel(_cache, ("layers", "moeLayers")),
+    "compileLoad": PhaseModel(_cache, ("layers", "moeLayers")),
+    "profiling": PhaseModel(_cache, ("checkpointGB", "sleepMode")),
+    "graphCapture": PhaseModel(_all, ("captureSizes", "captureLayers")),
+    "jitWarmup": PhaseModel(_cache, ()),
+    "apiReady": PhaseModel(_cache, ()),
+}
+_COMPILE_PHASES = ("dynamo", "compile")
+
+
+def regime_of(phase: str, settings: EngineSettings) -> str:
+    return PHASE_MODELS[phase].regime(settings)
+
+
+def expected_phases(profile: EngineProfile, settings: EngineSettings) -> list[str]:
+    """The engine phases a start with `settings` logs, named and ordered as `stoker phases` prints them."""
+    names = []
+    for phase, _ in profile.phase_ends:
+        if phase in _COMPILE_PHASES and settings.cache_state == "none":
+            continue
+        names.append("compileLoad" if phase == "compile" and settings.cache_state == "hit" else phase)
+    return names
+
+
+def predict(facts: ModelFacts, settings: EngineSettings, coefficients: CoefficientSet) -> Prediction:
+    """Expected engine phases of one start; a phase the set has never seen (no fit in any regime, e.g.
+    graph capture on CPU) is left out, as the parser leaves out a phase the log does not show."""
+    profile = profile_for(f"{HardwareClass.from_key(coefficients.hardware).engine_version}.0")
+    phases: dict[str, float] = {}
+    fallbacks: dict[str, str] = {}
+    for phase in expected_phases(profile, settings):
+        fits = coefficients.phases.get(phase)
+        if not fits:
+            continue
+        regime = regime_of(phase, settings)
+        fit = fits.get(regime)
+        if fit is None:
+            # The best-supported regime of this phase stands in, and the prediction says so.
+            regime, fit = max(fits.items(), key=lambda item: item[1].samples)
+            fallbacks[phase] = regime
+        phases[phase] = round(max(0.0, _evaluate(fit, facts, settings)), 3)
+    return Prediction(
+        phases=phases,
+        total_seconds=round(sum(phases.values()), 3),
+        coefficient_set=coefficients.hardware,
+        source=coefficients.source,
+        fallbacks=fallbacks,
+    )
+
+
+def fit(
+    observations: Iterable[Observation],
+    prior: CoefficientSet | None = None,
+    *,
+    hardware: str | None = None,
+    source: CoefficientSource = "fleet",
+    fitted_on: Sequence[str] = (),
+    prior_weight: float = PRIOR_WEIGHT,
+) -> CoefficientSet:
+    """Least squares per phase and regime, pulled toward `prior` as if it were `prior_weight` observations.
+
+    Fits of the prior that no observation touches are kept as they are. `hardware` defaults to the prior's.
+    A refit takes the shipped set as its prior and all observed starts, not its own previous result (which
+    would count the same starts again).
+    """
+    if hardware is None:
+        if prior is None:
+            raise ValueError("fit needs the hardware key, or a prior coefficient set to take it from")
+        hardware = prior.hardware
+    groups: dict[tuple[str, str], list[Observation]] = {}
+    for observation in observations:
+        for phase in observation.phases:
+            if phase in PHASE_MODELS:
+                groups.setdefault((phase, regime_of(phase, observation.settings)), []).append(observation)
+    phases: dict[str, dict[str, PhaseFit]] = {
+        phase: dict(fits) for phase, fits in (prior.phases.items() if prior is not None else ())
+    }
+    for (phase, regime), members in sorted(groups.items()):
+        prior_fit = prior.phases.get(phase, {}).get(regime) if prior is not None else None
+        phases.setdefault(phase, {})[regime] = _fit_phase(phase, members, prior_fit, prior_weight)
+    return CoefficientSet(hardware=hardware, source=source, phases=phases, fitted_on=list(fitted_on))
+
+
+def _fit_phase(
+    phase: str, observations: list[Observation], prior: PhaseFit | None, prior_weight: float
+) -> PhaseFit:
+    names = PHASE_MODELS[phase].features
+    design = np.array(
+        [[1.0, *(FEATURES[name](o.facts, o.settings) for name in names)] for o in observations], dtype=float
+    )
+    measured = np.array([o.phases[phase] for o in observations], dtype=float)
+    if prior is not None:
+        target = np.array([prior.intercept, *(prior.weights.get(name, 0.0) for name in names)])
+    else:
+        target = np.array([measured.mean(), *([0.0] * len(names))])
+        prior_weight = 0.0
+    # The prior speaks as `prior_weight` starts at the observed points: n starts move the prediction there
+    # n / (n + prior_weight) of the way. Directions the starts do not span get only the faint pull (each
+    # coefficient in its feature's units).
+    scale = np.sqrt((design**2).mean(axis=0))
+    scale[scale == 0.0] = 1.0
+    penalty = np.vstack(
+        [
+            np.sqrt(prior_weight / len(observations)) * design,
+            np.sqrt(_IDENTIFIABILITY_WEIGHT) * np.diag(scale),
+        ]
+    )
+    solution, *_ = np.linalg.lstsq(
+        np.vstack([design, penalty]), np.concatenate([measured, penalty @ target]), rcond=None
+    )
+    return PhaseFit(
+        intercept=_stored(solution[0]),
+        weights={name: _stored(value) for name, value in zip(names, solution[1:], strict=True)},
+        samples=len(observations) + (prior.samples if prior is not None else 0),
+    )
+
+
+def _stored(value: float) -> float:
+    # `+ 0.0` keeps a rounded -0.0 out of the stored documents.
+    return round(float(value), 6) + 0.0
+
+
+def _evaluate(fit: PhaseFit, facts: ModelFacts, settings: EngineSettings) -> float:
+    unknown = set(fit.weights) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"coefficient set uses features this stoker does not know: {sorted(unknown)}")
+    return fit.intercept + sum(
+        weight * FEATURES[name](facts, settings) for name, weight in fit.weights.items()
+    )

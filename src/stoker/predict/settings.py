@@ -1,0 +1,176 @@
+"""The engine settings of a start, read from its `vllm serve` argv and environment.
+
+The same reading serves the operator (on the invocation it renders) and the benchmark drivers (on each
+run's argv, stoker's or a stock `vllm serve`). Flag spellings and vLLM's default capture sizes come from
+the engine profile of the version; vLLM's own normalisations are followed: `_` for `-` in a long flag's
+name, `--flag=value`, dotted compilation-config keys (`-cc.mode=0`), `-O0` / `-O 0`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from stoker.engines import EngineProfile, profile_for
+from stoker.phases import CompileCache
+from stoker.predict.model import EngineSettings
+
+_COMPILATION_CONFIG = ("--compilation-config", "-cc")
+_OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
+_TENSOR_PARALLEL_SHORT = "-tp"
+_MAX_NUM_SEQS = "--max-num-seqs"
+_DEFAULT_LOADER = "auto"
+# compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
+_NO_COMPILE = {0, "0", "NONE", "none"}
+_NO_GRAPHS = {0, "0", "NONE", "none"}
+
+
+@dataclass
+class _Arguments:
+    """The `vllm serve` options that matter here, last spelling wins as in argparse."""
+
+    values: dict[str, list[str]] = field(default_factory=dict)
+    compilation: dict[str, object] = field(default_factory=dict)
+
+    def last(self, flag: str) -> str | None:
+        found = self.values.get(flag)
+        return found[-1] if found else None
+
+
+def engine_settings(
+    args: Sequence[str], env: Mapping[str, str], cache_state: CompileCache, engine_version: str
+) -> EngineSettings:
+    """Settings of `vllm serve` run with `args` (full argv, or only what follows `serve`) and `env`.
+
+    Raises ValueError for an argument vLLM itself would refuse here (a non-numeric size, bad JSON).
+    """
+    profile = profile_for(engine_version)
+    flags = profile.flags
+    parsed = _parse(_serve_arguments(args), profile)
+    compiled = (
+        flags.enforce_eager not in parsed.values
+        and parsed.compilation.get("mode") not in _NO_COMPILE
+        and parsed.last(_OPTIMIZATION_LEVEL[0]) != "0"
+    )
+    return EngineSettings(
+        loader=parsed.last(flags.load_format) or _DEFAULT_LOADER,
+        compiled=compiled,
+        capture_sizes=_capture_sizes(parsed, profile),
+        tensor_parallel=_integer(parsed.last(flags.tensor_parallel_size) or "1", flags.tensor_parallel_size),
+        sleep_mode=flags.sleep_mode in parsed.values,
+        cache_state=cache_state if compiled else "none",
+        forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
+    )
+
+
+def _serve_arguments(args: Sequence[str]) -> list[str]:
+    """What follows `vllm serve` (the seed Job's wrapper runs it as its own argv), else `args` itself."""
+    for index in range(1, len(args)):
+        if args[index] == "serve" and args[index - 1].rsplit("/", 1)[-1] == "vllm":
+            return list(args[index + 1 :])
+    return list(args)
+
+
+def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
+    flags = profile.flags
+    multi_valued = {flags.capture_sizes}
+    switches = {flags.enforce_eager, flags.sleep_mode}
+    parsed = _Arguments()
+    index = 0
+    while index < len(args):
+        name, inline = _normalised(args[index])
+        index += 1
+        if name is None:
+            continue
+        if name == _TENSOR_PARALLEL_SHORT:
+            name = flags.tensor_parallel_size
+        if name in switches:
+            parsed.values.setdefault(name, [])
+            continue
+        if name.startswith(("-O", "--no-")) and name not in _OPTIMIZATION_LEVEL:
+            continue
+        values = [inline] if inline is not None else []
+        while index < len(args) and _takes(args[index], values, name in multi_valued):
+            values.append(args[index])
+            index += 1
+        base, _, dotted = name.partition(".")
+        if base in _COMPILATION_CONFIG:
+            _merge_compilation(parsed.compilation, dotted, values, args[index - 1])
+        else:
+            key = _OPTIMIZATION_LEVEL[0] if base in _OPTIMIZATION_LEVEL else base
+            parsed.values[key] = values
+    return parsed
+
+
+def _normalised(arg: str) -> tuple[str | None, str | None]:
+    """(flag, value after `=` or glued to -O) for an option, (None, None) for a positional argument."""
+    if arg.startswith("--"):
+        key, equals, value = arg.partition("=")
+        head, dot, rest = key.partition(".")
+        return "--" + head[2:].replace("_", "-") + dot + rest, value if equals else None
+    if arg.startswith("-O") and not arg.startswith("-O."):
+        level = arg[2:].lstrip("=")
+        return _OPTIMIZATION_LEVEL[0], level or None
+    if arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit():
+        key, equals, value = arg.partition("=")
+        return key, value if equals else None
+    return None, None
+
+
+def _takes(arg: str, values: list[str], multi_valued: bool) -> bool:
+    """Whether `arg` is a value of the option before it (argparse: one value, or all up to the next flag)."""
+    is_value = not arg.startswith("-") or arg[1:2].isdigit()
+    return is_value and (multi_valued or not values)
+
+
+def _merge_compilation(config: dict[str, object], dotted: str, values: list[str], arg: str) -> None:
+    if not values:
+        raise ValueError(f"{arg}: a compilation-config option needs a value")
+    if not dotted:
+        try:
+            document = json.loads(values[-1])
+        except ValueError as error:
+            raise ValueError(f"--compilation-config is not JSON ({error}): {values[-1]!r}") from None
+        if not isinstance(document, dict):
+            raise ValueError(f"--compilation-config must be a JSON object: {values[-1]!r}")
+        config.update(document)
+        return
+    if "." in dotted:
+        return  # a nested key (`-cc.pass_config.x`): none of them switches compilation or graphs off
+    # `-cc.cudagraph_capture_sizes [1,2]` holds JSON; `-cc.mode 0` a plain value.
+    try:
+        config[dotted] = json.loads(values[-1])
+    except ValueError:
+        config[dotted] = values[-1]
+
+
+def _capture_sizes(parsed: _Arguments, profile: EngineProfile) -> int:
+    flags = profile.flags
+    compilation = parsed.compilation
+    graphs_off = (
+        flags.enforce_eager in parsed.values
+        or compilation.get("cudagraph_mode") in _NO_GRAPHS
+        or parsed.last(_OPTIMIZATION_LEVEL[0]) == "0"
+    )
+    if graphs_off:
+        return 0
+    explicit = parsed.values.get(flags.capture_sizes)
+    configured = compilation.get("cudagraph_capture_sizes")
+    if explicit is None and isinstance(configured, list):
+        explicit = [str(size) for size in configured]
+    if explicit is not None:
+        return len({_integer(size, flags.capture_sizes) for size in explicit})
+    max_size = parsed.last(flags.max_capture_size) or compilation.get("max_cudagraph_capture_size")
+    max_num_seqs = parsed.last(_MAX_NUM_SEQS)
+    return profile.capture_sizes.count(
+        max_size=_integer(str(max_size), flags.max_capture_size) if max_size is not None else None,
+        max_num_seqs=_integer(max_num_seqs, _MAX_NUM_SEQS) if max_num_seqs is not None else None,
+    )
+
+
+def _integer(value: str, flag: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{flag} takes an integer, got {value!r}") from None

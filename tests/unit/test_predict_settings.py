@@ -1,0 +1,105 @@
+"""Engine settings read from what stoker renders (the examples, seed and serving) and from stock argv."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stoker.api import VLLMService
+from stoker.engines import DEFAULT_ENGINE_VERSION, profile_for
+from stoker.predict import EngineSettings, engine_settings
+from stoker.render import engine_invocation
+from stoker.render.seed import seed_invocation
+from tests.unit.test_render import service
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def example(name: str) -> VLLMService:
+    return VLLMService.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+def rendered(svc: VLLMService, cache_state: str = "hit") -> EngineSettings:
+    invocation = engine_invocation(svc, "serve")
+    return engine_settings(invocation.argv, invocation.env, cache_state, DEFAULT_ENGINE_VERSION)  # type: ignore[arg-type]
+
+
+def test_the_minimal_example_as_rendered() -> None:
+    svc = example("minimal.yaml")
+    sizes = svc.spec.cold_start.cuda_graphs.capture_sizes
+    assert rendered(svc) == EngineSettings(
+        loader=svc.spec.cold_start.loader.format,
+        compiled=True,
+        capture_sizes=len(sizes or []),
+        tensor_parallel=1,
+        sleep_mode=False,
+        cache_state="hit",
+        forked_engine=True,
+    )
+
+
+def test_the_seed_job_wrapper_argv_reads_as_its_vllm_serve() -> None:
+    invocation = seed_invocation(example("minimal.yaml"))
+    settings = engine_settings(
+        [*invocation.command, *invocation.args], invocation.env, "miss", DEFAULT_ENGINE_VERSION
+    )
+    assert (settings.loader, settings.cache_state, settings.compiled) == ("dummy", "miss", True)
+
+
+def test_eager_tensor_parallel_and_standby_examples() -> None:
+    eager = rendered(example("eager.yaml"))
+    assert (eager.compiled, eager.capture_sizes, eager.cache_state) == (False, 0, "none")
+    assert rendered(example("tensor-parallel.yaml")).tensor_parallel == 2
+    standby = rendered(service(**{"coldStart.standby": {"replicas": 1}, "runtime.env": []}))
+    assert standby.sleep_mode
+    maximum = rendered(service(**{"coldStart.cudaGraphs": {"maxCaptureSize": 64}}))
+    assert maximum.capture_sizes == 11  # 1, 2, 4, 8, 16, ..., 64
+
+
+def test_a_stock_vllm_serve_takes_the_engines_defaults() -> None:
+    stock = engine_settings(["vllm", "serve", "/models/m", "--max-model-len", "4096"], {}, "miss", "0.26.0")
+    # The default capture sizes that the stock H100 logs show: "Capturing CUDA graphs ... 51/51".
+    assert stock == EngineSettings(capture_sizes=51, cache_state="miss")
+    assert profile_for("0.26.0").capture_sizes.count() == 51
+    assert engine_settings(["m", "--max-num-seqs", "16"], {}, "miss", "0.26.0").capture_sizes == 7  # up to 32
+
+
+@pytest.mark.parametrize(
+    ("args", "compiled", "capture_sizes"),
+    [
+        (["m", "--enforce-eager"], False, 0),
+        (["m", "-O0"], False, 0),
+        (["m", "-O", "0"], False, 0),
+        (["m", "-O3"], True, 51),
+        (["m", "-cc", '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}'], False, 51),
+        (["m", "--compilation-config.mode=0"], False, 51),
+        (["m", "-cc.cudagraph_mode", "NONE"], True, 0),
+        (["m", "--compilation_config", '{"cudagraph_capture_sizes": [1, 2, 4, 4]}'], True, 3),
+        (["m", "-cc.max_cudagraph_capture_size=16"], True, 5),
+        (["m", "--cudagraph-capture-sizes", "1", "2", "--load_format=runai_streamer"], True, 2),
+        (["m", "-cc.pass_config.fuse_norm_quant=true"], True, 51),
+    ],
+)
+def test_vllms_spellings(args: list[str], compiled: bool, capture_sizes: int) -> None:
+    settings = engine_settings(args, {}, "hit", "0.26.0")
+    assert (settings.compiled, settings.capture_sizes) == (compiled, capture_sizes)
+
+
+def test_short_flags_and_env() -> None:
+    settings = engine_settings(
+        ["m", "-tp=4", "--enable-sleep-mode"], {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}, "hit", "0.26.0"
+    )
+    assert (settings.tensor_parallel, settings.sleep_mode, settings.forked_engine) == (4, True, True)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["m", "--tensor-parallel-size", "two"], "--tensor-parallel-size takes an integer"),
+        (["m", "--compilation-config", "{mode"], "--compilation-config is not JSON"),
+        (["m", "-cc", "[1]"], "must be a JSON object"),
+    ],
+)
+def test_what_vllm_would_refuse_is_a_clear_error(args: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine_settings(args, {}, "hit", "0.26.0")
