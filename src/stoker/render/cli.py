@@ -35,7 +35,7 @@ def _meant_as_vllm_service(document: dict[str, Any]) -> bool:
     return group == GROUP or kind.rstrip("s") == KIND.lower()
 
 
-def _document_error(document: Any) -> str | None:
+def document_error(document: Any) -> str | None:
     """Why `document` is not something `kubectl apply` would accept, or None."""
     if not isinstance(document, dict):
         return f"is a {type(document).__name__}, not a Kubernetes object"
@@ -55,7 +55,7 @@ def _label(index: int, document: Any) -> str:
     return f"document {index}" + (f" ({name})" if name else "")
 
 
-def _load_documents(file: str) -> list[Any]:
+def load_documents(file: str) -> list[Any]:
     import yaml
 
     if file == "-":
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("file", help="a YAML file with one or more VLLMService documents ('-' for stdin)")
     options = parser.parse_args(argv)
     try:
-        documents = _load_documents(options.file)
+        documents = load_documents(options.file)
     except OSError as error:
         print(f"stoker render: cannot read {options.file}: {error.strerror or error}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     for index, document in enumerate(documents, start=1):
         if document is None:
             continue
-        problem = _document_error(document)
+        problem = document_error(document)
         if problem:
             errors.append(f"{_label(index, document)} {problem}")
         elif document["kind"] == KIND:
