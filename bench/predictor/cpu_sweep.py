@@ -1,6 +1,6 @@
 """`make predictor-cpu`: the CPU starts the predictor is fitted and judged on, with real vLLM CPU builds.
 
-    python -m bench.predictor.cpu_sweep [--shapes NAME,...]    (then bench/predictor/validate.py on RUNS_DIR)
+    python -m bench.predictor.cpu_sweep [--shapes NAME,...] [--runs-only]
 
 For every CPU shape (bench/predictor/shapes.py) it writes a tiny checkpoint of that shape
 (bench/conformance/tiny_model.py) and starts vLLM on it as the conformance harness does (the same rendered
@@ -19,7 +19,10 @@ cache is dropped when the kernel allows it (recorded per start). Engines run at 
 RUNS_DIR (bench/results/predictor-cpu-logs/) gets one log per start and starts.jsonl (argv, env, load,
 outcome per start, appended as each ends: a rerun skips starts already there), then runs.jsonl: each start
 with the model's facts (stoker.predict.facts) and the engine settings of its argv with the cache state its
-log shows (stoker.predict.settings), the format bench/predictor/validate.py reads.
+log shows (stoker.predict.settings), the format bench/predictor/validate.py reads. Last, validate fits on
+the four fitted shapes and judges the two held out (bench/results/predictor-cpu.json), and fits the shipped
+CPU coefficients on all six (src/stoker/predict/coefficients/cpu_x0_v<major.minor>.json). --runs-only
+redoes these last steps from the starts already recorded.
 """
 
 from __future__ import annotations
@@ -40,13 +43,19 @@ from bench.conformance.matrix import START_TIMEOUT_SECONDS, ensure_venv, rendere
 from bench.conformance.process import RecordedProcess, free_port, wait_healthy
 from bench.conformance.swaps import SERVE_SUBCOMMAND, LocalRun, container_argv, local_argv, local_env
 from bench.conformance.versions import default_version, venv_path
+from bench.predictor import validate
 from bench.predictor.shapes import CPU_SHAPES, SHAPES, Shape
 
 from stoker.phases import parse_log
+from stoker.predict import HardwareClass
+from stoker.predict.facts import read_model_facts
+from stoker.predict.settings import engine_settings
 from stoker.render import PORT
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS_DIR = REPO / "bench" / "results" / "predictor-cpu-logs"
+RESULTS_JSON = REPO / "bench" / "results" / "predictor-cpu.json"
+COEFFICIENTS_DIR = REPO / "src" / "stoker" / "predict" / "coefficients"
 WORK_DIR = Path(os.environ.get("STOKER_PREDICTOR_WORK", "/tmp/stoker-predictor-cpu"))
 STARTS_FILE = "starts.jsonl"
 RUNS_FILE = "runs.jsonl"
@@ -89,8 +98,8 @@ def profile_containers(version: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def model_dir(shape: Shape) -> Path:
-    return WORK_DIR / "models" / shape.name
+def model_dir(shape: Shape, work_dir: Path = WORK_DIR) -> Path:
+    return work_dir / "models" / shape.name
 
 
 def write_models(version: str, shapes: tuple[Shape, ...]) -> None:
@@ -183,21 +192,18 @@ def sweep(version: str, shapes: tuple[Shape, ...]) -> None:
         )
 
 
-def write_runs(version: str) -> int:
+def write_runs(runs_dir: Path, work_dir: Path, version: str) -> int:
     """runs.jsonl from starts.jsonl: each start with its model's facts and its argv's engine settings."""
-    from stoker.predict.facts import read_model_facts
-    from stoker.predict.settings import engine_settings
-
     runs = []
-    for record in read_jsonl(RUNS_DIR / STARTS_FILE):
-        timeline = parse_log((RUNS_DIR / record["log"]).read_text().splitlines(keepends=True))
+    for record in read_jsonl(runs_dir / STARTS_FILE):
+        timeline = parse_log((runs_dir / record["log"]).read_text().splitlines(keepends=True))
         engine_argv = record["argv"][record["argv"].index(SERVE_SUBCOMMAND) :]
         settings = engine_settings(
             engine_argv, record["env"], timeline.compile_cache, timeline.engine_version or version
         )
-        facts = read_model_facts(str(model_dir(SHAPES[record["shape"]])))
-        runs.append({**record, "facts": facts, "settings": settings.model_dump(mode="json")})
-    (RUNS_DIR / RUNS_FILE).write_text("".join(json.dumps(run, sort_keys=True) + "\n" for run in runs))
+        facts = read_model_facts(str(model_dir(SHAPES[record["shape"]], work_dir)))
+        runs.append({**record, "facts": facts, "settings": settings.to_json_dict()})
+    (runs_dir / RUNS_FILE).write_text("".join(json.dumps(run, sort_keys=True) + "\n" for run in runs))
     return len(runs)
 
 
@@ -215,8 +221,16 @@ def main(argv: list[str]) -> int:
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
     if not args.runs_only:
         sweep(version, tuple(cpu_shapes[name] for name in names))
-    print(f"{write_runs(version)} starts in {RUNS_DIR / RUNS_FILE}")
-    return 0
+    print(f"{write_runs(RUNS_DIR, WORK_DIR, version)} starts in {RUNS_DIR / RUNS_FILE}")
+    hardware = HardwareClass(gpu_product="cpu", gpu_count=0, engine_version=version).key
+    return validate.main(
+        [
+            str(RUNS_DIR.relative_to(REPO)),
+            f"--hardware={hardware}",
+            f"--out={RESULTS_JSON.relative_to(REPO)}",
+            f"--coefficients-out={(COEFFICIENTS_DIR / f'{hardware}.json').relative_to(REPO)}",
+        ]
+    )
 
 
 if __name__ == "__main__":
