@@ -1,27 +1,68 @@
 #!/bin/bash
-# Device call after the last bundle part arrived: install vLLM, write the model, profile imports once, then
-# start the benchmark driver detached (it outlives this call) and wait for it like harvest.sh does.
-# The driver starts no run that would end after /root/t0 (written by the first call) + LEASE_S.
-# usage (repo root, on the device): [MANIFEST=llama-8b-tp2.json] bench/gpu/launch.sh LAST_PART_DIR LEASE_S CALL_BUDGET_S [driver args]
+# The device calls of every GPU benchmark (bench/gpu/coldstart.py and its modes), one call per bundle part
+# (bench/gpu/bundle/build.sh), with the models written and the image's bytecode compiled while parts arrive.
+# Run from the repository root on the device:
+#   first call:   [MODEL_ARGS=...] bench/gpu/launch.sh prep PART_DIR
+#       stages the part, writes /root/t0 (the lease's start), starts the model writer and the bytecode
+#       compile detached. MODEL_ARGS are make_model.py's arguments: "/models/synth8b" (the default; LAYERS=N
+#       for fewer layers) or "/models --shapes NAME,..." (the predictor's sweep).
+#   middle calls: bench/gpu/launch.sh stage PART_DIR
+#   last call:    [MANIFEST=llama-8b.json] [IMPORT_PROFILE=1] bench/gpu/launch.sh go PART_DIR LEASE_S CALL_S [driver args]
+#       does prep's work first if no prep call came (all parts in one call), installs vLLM, waits for the
+#       model and the bytecode, optionally profiles the API server's imports once, starts coldstart.py
+#       detached under /root/bench-out (--stop-after: no run ends after /root/t0 + LEASE_S), then harvests.
+#   later calls:  bench/gpu/launch.sh harvest SECONDS
+#       waits up to SECONDS (or until the driver prints "done"), then packs /root/bench-out into
+#       $OUT/bench-out.tgz (the device returns few files a call; $OUT is emptied before every call).
 set -euo pipefail
-part_dir=$1 lease=$2 call_budget=$3; shift 3
+mode=$1; shift
 start=$(date +%s)
+
+harvest() {
+    local end=$(( $(date +%s) + $1 ))
+    while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done /root/bench-out/driver.log 2>/dev/null; do sleep 5; done
+    tar -C /root -czf "$OUT/bench-out.tgz" bench-out
+    cat /root/bench-out/driver.log
+}
+
+prep() {
+    date +%s > /root/t0
+    local site
+    site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+    # The image ships torch without bytecode (PYTHONDONTWRITEBYTECODE=1, so none is ever written): every
+    # process would compile its sources again. A real image ships bytecode; compile it once, for every run.
+    setsid nohup bash -c "python3 -m compileall -q -j 16 $site > /dev/null 2>&1; echo \$? > /root/compile.done" \
+        < /dev/null > /dev/null 2>&1 &
+    setsid nohup bash -c "python3 -m bench.gpu.make_model ${MODEL_ARGS:-/models/synth8b} \
+        > /root/bench-out/model.json 2>&1; echo \$? > /root/model.done" < /dev/null > /dev/null 2>&1 &
+}
+
+case $mode in
+harvest) harvest "$1"; exit 0 ;;
+esac
+part_dir=$1; shift
 mkdir -p /root/stage /root/bench-out /models && cp "$part_dir"/part-* /root/stage/
-python3 bench/gpu/make_model.py /models/synth8b > /root/bench-out/model.json 2>&1 &
-model=$!
-# The image ships torch without bytecode (PYTHONDONTWRITEBYTECODE=1, so none is ever written): every process
-# would compile torch's sources again. A real image ships bytecode; compile it once, for every profile alike.
-python3 -m compileall -q -j 16 "$(python3 -c 'import site; print(site.getsitepackages()[0])')" > /dev/null 2>&1 || true
+case $mode in
+prep) prep; sleep 2; ls /root/stage; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; exit 0 ;;
+stage) ls /root/stage; exit 0 ;;
+go) [ -f /root/t0 ] || prep ;;
+*) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+lease=$1 call_budget=$2; shift 2
 bash bench/gpu/setup.sh
-wait $model
-rm -rf /root/bench && mkdir -p /root/bench && cp -r bench/gpu src /root/bench/
-# Where the ~20 s before vLLM's first line go: one import profile of the API server, cold page cache.
-sync && echo 3 > /proc/sys/vm/drop_caches
-PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" 2> /root/bench-out/importtime.txt || true
-cd /root/bench/gpu
+while [ ! -f /root/model.done ] || [ ! -f /root/compile.done ]; do sleep 1; done
+echo "model rc $(cat /root/model.done), compile rc $(cat /root/compile.done), waited $(( $(date +%s) - start )) s"
+cat /root/bench-out/model.json
+if [ -n "${IMPORT_PROFILE:-}" ]; then
+    # Where the ~20 s before vLLM's first line go: one import profile of the API server, cold page cache.
+    sync && echo 3 > /proc/sys/vm/drop_caches
+    PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" \
+        2> /root/bench-out/importtime.txt || true
+fi
+rm -rf /root/bench && mkdir -p /root/bench/bench && cp -r src /root/bench/ && cp -r bench/gpu bench/predictor /root/bench/bench/
+cd /root/bench/bench/gpu
 stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
-PYTHONPATH=/root/bench/src:/root/site setsid nohup python3 coldstart.py "${MANIFEST:-llama-8b.json}" /root/bench-out \
-    --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
+PYTHONPATH=/root/bench/src:/root/bench:/root/site setsid nohup python3 coldstart.py "${MANIFEST:-llama-8b.json}" \
+    /root/bench-out --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
 echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
-cd - > /dev/null
-exec bash bench/gpu/harvest.sh $(( call_budget - ($(date +%s) - start) ))
+harvest $(( call_budget - ($(date +%s) - start) ))

@@ -9,15 +9,14 @@ Triton cache on the volume. Per repetition this driver runs the rendered seed in
      volume is copied again as `warm`;
 then the rendered serving invocation (`stoker`) starts on a fresh copy of each (`stoker` on `plain`,
 `stoker-warmseed` on `warm`; their order alternates per repetition). Page cache dropped and container-local
-JIT caches wiped before every start (coldstart.prepare). Output as coldstart.py's: OUT/runs.jsonl,
+JIT caches wiped before every start (harness.prepare). Output as the other modes': OUT/runs.jsonl,
 OUT/logs/r<rep>-<profile>.log, OUT/host.json, plus the files the warm-up added to the volume.
 
-usage: seedwarmup.py MANIFEST OUT [--repetitions 3] [--stop-after 600]
+A mode of the one driver: `coldstart.py MANIFEST OUT --seed-warmup [--repetitions 3] [--stop-after 600]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,19 +25,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import coldstart
-from coldstart import (
+from harness import (
+    HOME,
+    Budget,
     completion_request,
     first_completion,
-    host_facts,
     prepare,
+    run_server,
     start_and_measure,
     tree_bytes,
 )
-from profiles import load_service, seed_engine_invocation, serve_invocation
+from profiles import seed_engine_invocation, serve_invocation
+
+from stoker.api import VLLMService
 
 WARMUP_BODY = {"prompt": "Hello", "max_tokens": 16, "temperature": 0}
-SNAPSHOTS = {"plain": coldstart.HOME / "seed-plain", "warm": coldstart.HOME / "seed-warm"}
+SNAPSHOTS = {"plain": HOME / "seed-plain", "warm": HOME / "seed-warm"}
 PROFILE_OF = {"plain": "stoker", "warm": "stoker-warmseed"}
 
 
@@ -59,8 +61,8 @@ def warmup(base: str, model: str) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - start, 3), "tokens": usage["completion_tokens"]}
 
 
-def seed_run(rep: int, out: Path) -> dict[str, Any]:
-    inv = seed_engine_invocation(SVC)
+def seed_run(svc: VLLMService, rep: int, out: Path) -> dict[str, Any]:
+    inv = seed_engine_invocation(svc)
     assert inv.cache_mount_path
     cache = Path(inv.cache_mount_path)
     dropped = prepare(inv.cache_mount_path, restore_seed=False)
@@ -76,7 +78,7 @@ def seed_run(rep: int, out: Path) -> dict[str, Any]:
         except Exception as error:
             result["warmupCompletion"] = {"error": repr(error)}
 
-    result = coldstart.run_server(log_path, inv, snapshot_then_warm_up)
+    result = run_server(log_path, inv, snapshot_then_warm_up)
     ready = result["readySeconds"]
     if ready is not None:
         shutil.copytree(cache, SNAPSHOTS["warm"], symlinks=True)
@@ -94,11 +96,10 @@ def seed_run(rep: int, out: Path) -> dict[str, Any]:
     return record
 
 
-def serve_run(rep: int, snapshot: str, out: Path) -> dict[str, Any]:
-    inv = serve_invocation(SVC, "stoker")
+def serve_run(svc: VLLMService, rep: int, snapshot: str, out: Path) -> dict[str, Any]:
+    inv = serve_invocation(svc, "stoker")
     assert inv.cache_mount_path
-    coldstart.SEED_SNAPSHOT = SNAPSHOTS[snapshot]  # prepare() copies this onto the volume
-    dropped = prepare(inv.cache_mount_path, restore_seed=True)
+    dropped = prepare(inv.cache_mount_path, restore_seed=True, snapshot=SNAPSHOTS[snapshot])
     name = PROFILE_OF[snapshot]
     log_path = out / "logs" / f"r{rep}-{name}.log"
     result = start_and_measure(log_path, inv, measure=True)
@@ -121,39 +122,19 @@ def emit(out: Path, record: dict[str, Any]) -> None:
     print(json.dumps(summary), flush=True)
 
 
-def main() -> None:
-    global SVC
-    parser = argparse.ArgumentParser()
-    parser.add_argument("manifest")
-    parser.add_argument("out")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument(
-        "--stop-after", type=float, default=600, help="no repetition starts that would end later"
-    )
-    args = parser.parse_args()
-    out = Path(args.out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    os.environ["PYTHONPATH"] = f"{coldstart.HOME}/site"
-    host_facts(out)
-    SVC = load_service(args.manifest)
-    start, longest = time.monotonic(), 170.0
-    for rep in range(1, args.repetitions + 1):
-        if time.monotonic() - start + longest > args.stop_after:
+def seed_warmup(svc: VLLMService, out: Path, repetitions: int, stop_after_s: float) -> None:
+    """No repetition starts that would end after `stop_after_s`."""
+    budget = Budget(stop_after_s, {"repetition": 170.0})
+    for rep in range(1, repetitions + 1):
+        if not budget.fits(budget.estimate("repetition")):
             print(json.dumps({"repetition": rep, "skipped": "time budget"}), flush=True)
             break
         began = time.monotonic()
-        seed = seed_run(rep, out)
+        seed = seed_run(svc, rep, out)
         emit(out, seed)
         if seed["readySeconds"] is None:
             continue
         order = ["plain", "warm"] if rep % 2 else ["warm", "plain"]
         for snapshot in order:
-            emit(out, serve_run(rep, snapshot, out))
-        longest = max(longest if rep > 1 else 0.0, time.monotonic() - began + 5)
-    print("done", flush=True)
-
-
-SVC = None
-
-if __name__ == "__main__":
-    main()
+            emit(out, serve_run(svc, rep, snapshot, out))
+        budget.record("repetition", time.monotonic() - began)

@@ -11,12 +11,11 @@ awake and asleep.
 
 Writes OUT/runs.jsonl, OUT/logs/*.log, OUT/host.json and OUT/standby.json (the results document).
 
-usage: standby.py MANIFEST OUT [--servers 3] [--wakes 2] [--asleep-seconds 3]
+A mode of the one driver: `coldstart.py MANIFEST OUT --standby [--servers 3] [--wakes 2]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import secrets
@@ -29,18 +28,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from coldstart import (
+from harness import (
     HOME,
     SEED_SNAPSHOT,
     gpu_memory_used_mib,
-    host_facts,
     prepare,
     run_server,
     start_and_measure,
 )
-from profiles import Invocation, load_service, seed_invocation, serve_invocation
+from profiles import Invocation, seed_invocation, serve_invocation
 
 import stoker
+from stoker.api import VLLMService
 from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.standby import EngineControl, EngineControlError
 
@@ -92,21 +91,10 @@ def cycles(base: str, token: str, model: str, level: int, wakes: int, asleep_s: 
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("manifest")
-    parser.add_argument("out")
-    parser.add_argument("--servers", type=int, default=3, help="serving starts, each a new pod")
-    parser.add_argument("--wakes", type=int, default=2, help="sleep and wake cycles per serving start")
-    parser.add_argument("--asleep-seconds", type=float, default=3.0)
-    parser.add_argument("--stop-after", type=float, default=0, help="accepted for the launcher; unused")
-    args = parser.parse_args()
-    out = Path(args.out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    host_facts(out)
-    svc = load_service(args.manifest)
-    standby = svc.spec.cold_start.standby
-    assert standby is not None, "the manifest must set spec.coldStart.standby"
+def standby(svc: VLLMService, manifest: str, out: Path, servers: int, wakes: int, asleep_s: float) -> None:
+    """`servers` cold serving starts on the seeded volume, each with `wakes` sleep and wake cycles."""
+    spec = svc.spec.cold_start.standby
+    assert spec is not None, "the manifest must set spec.coldStart.standby"
     token = secrets.token_urlsafe(32)
     runs = (out / "runs.jsonl").open("a")
 
@@ -122,19 +110,18 @@ def main() -> None:
     serve = with_token(serve_invocation(svc, "stoker"), token)
     runs_of_all: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    servers: list[dict[str, Any]] = []
-    for server in range(1, args.servers + 1):
+    started: list[dict[str, Any]] = []
+    for server in range(1, servers + 1):
         # A new pod on a new node: the seeded volume, no container-local caches, cold page cache.
         dropped = prepare(serve.cache_mount_path, restore_seed=True)
 
         def measure(base: str, result: dict[str, Any], _: subprocess.Popen[str]) -> None:
-            level, wakes, pause = standby.level, args.wakes, args.asleep_seconds
-            result.update(cycles(base, token, serve.served_model_name, level, wakes, pause))
+            result.update(cycles(base, token, serve.served_model_name, spec.level, wakes, asleep_s))
 
         served = run_server(out / "logs" / f"serve-standby-{server}.log", serve, measure)
         record = {"profile": "stoker-standby", "server": server, **served, "pageCacheDropped": dropped}
         runs.write(json.dumps({**record, "argv": serve.argv}) + "\n")
-        servers.append(
+        started.append(
             {k: served.get(k) for k in ("readySeconds", "sleepWithoutTokenStatus", "gpuMemoryAwakeMiB")}
         )
         for cycle in served.get("cycles", []):
@@ -149,15 +136,15 @@ def main() -> None:
         return round(statistics.median(values), 3) if values else None
 
     document = {
-        "benchmark": "standby wake (bench/gpu/standby.py)",
-        "manifest": args.manifest,
+        "benchmark": "standby wake (bench/gpu/coldstart.py --standby)",
+        "manifest": manifest,
         "host": json.loads((out / "host.json").read_text()),
         "argv": serve.argv,
         "seedReadySeconds": seeded.get("readySeconds"),
-        "servers": servers,
+        "servers": started,
         "runs": runs_of_all,
         "failedWakes": failed,
-        "medianColdReadySeconds": median([s["readySeconds"] for s in servers if s["readySeconds"]]),
+        "medianColdReadySeconds": median([s["readySeconds"] for s in started if s["readySeconds"]]),
         "medianWakeToServedSeconds": median([r["wakeToServedSeconds"] for r in runs_of_all]),
         # What a standby pod does under the operator: its first sleep and its first wake.
         "medianFirstWakeToServedSeconds": median(
@@ -167,8 +154,3 @@ def main() -> None:
     (out / "standby.json").write_text(json.dumps(document, indent=1) + "\n")
     summary = ("medianColdReadySeconds", "medianWakeToServedSeconds", "medianFirstWakeToServedSeconds")
     print(json.dumps({key: document[key] for key in summary}), flush=True)
-    print("done", flush=True)
-
-
-if __name__ == "__main__":
-    main()

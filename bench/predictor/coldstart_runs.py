@@ -1,11 +1,14 @@
 """Turn a GPU cold-start benchmark's logs (bench/gpu/coldstart.py, kept as bench/results/<name>-logs/) into
-a RUNS_DIR for validate.py: one model, so one shape; the logs stay where they are and are referenced.
+a RUNS_DIR for validate.py; the logs stay where they are and are referenced.
 
-usage: python -m bench.predictor.coldstart_runs LOGS_DIR --facts FACTS.json --shape NAME
+usage: python -m bench.predictor.coldstart_runs LOGS_DIR [--facts FACTS.json --shape NAME]
          --engine-version X.Y.Z --profiles stock,stoker-seed,stoker --out RUNS_DIR
 
-FACTS.json is `read_model_facts` of the benchmark's model directory. Settings come from each run's own
-argv and environment (`stoker.predict.engine_settings`), the cache state from its log.
+A profile run (one model, so one shape): FACTS.json is `read_model_facts` of the benchmark's model
+directory. A shape sweep (`coldstart.py --shapes`): each run names its shape and log, and LOGS_DIR/models.json
+holds each shape's facts as read on the host, or, where the host had no `read_model_facts`, the checkpoint's
+config.json and file sizes, from which the same function reads them here. Settings come from each run's
+own argv and environment (`stoker.predict.engine_settings`), the cache state from its log.
 """
 
 from __future__ import annotations
@@ -14,31 +17,56 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.predictor.validate import log_lines
 
 from stoker.phases import parse_log
 from stoker.predict import ModelFacts, engine_settings
+from stoker.predict.facts import read_model_facts
+
+
+def sweep_facts(model: dict[str, Any]) -> dict[str, Any]:
+    """A sweep shape's facts: as read on the host, else read here from a stand-in directory holding its
+    config.json and files of the recorded sizes (sparse: no bytes written)."""
+    if "facts" in model:
+        return dict(model["facts"])
+    with tempfile.TemporaryDirectory() as stand_in:
+        for name, size in model["files"].items():
+            with open(os.path.join(stand_in, name), "wb") as file:
+                file.truncate(size)
+        Path(stand_in, "config.json").write_text(json.dumps(model["config"]))
+        return read_model_facts(stand_in)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.predictor.coldstart_runs")
     parser.add_argument("logs_dir", metavar="LOGS_DIR", type=Path)
-    parser.add_argument("--facts", type=Path, required=True)
-    parser.add_argument("--shape", required=True)
+    parser.add_argument("--facts", type=Path, help="a profile run's model facts (not for a sweep)")
+    parser.add_argument("--shape", help="a profile run's shape name (not for a sweep)")
     parser.add_argument("--engine-version", required=True)
     parser.add_argument("--profiles", required=True, help="comma-separated profiles to take")
     parser.add_argument("--out", type=Path, required=True)
     arguments = parser.parse_args(argv)
-    facts = ModelFacts.model_validate_json(arguments.facts.read_text()).to_json_dict()
+    models_path = arguments.logs_dir / "models.json"
+    sweep = json.loads(models_path.read_text()) if models_path.exists() else {}
+    facts_of = {
+        shape: ModelFacts.model_validate(sweep_facts(model)).to_json_dict() for shape, model in sweep.items()
+    }
+    if not sweep:
+        if arguments.facts is None or arguments.shape is None:
+            parser.error("--facts and --shape are needed for a profile run (no models.json)")
+        facts_of[arguments.shape] = ModelFacts.model_validate_json(arguments.facts.read_text()).to_json_dict()
     profiles = arguments.profiles.split(",")
     lines = []
     for line in (arguments.logs_dir / "runs.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record["profile"] not in profiles:
             continue
-        name = f"r{record['repetition']}-{record['profile']}.log"
+        shape = record.get("shape", arguments.shape)
+        name = record.get("log", f"r{record['repetition']}-{record['profile']}.log")
         log = next(
             path for path in (arguments.logs_dir / name, arguments.logs_dir / f"{name}.gz") if path.exists()
         )
@@ -48,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         lines.append(
             {
-                "shape": arguments.shape,
+                "shape": shape,
                 "profile": record["profile"],
                 "rep": record["repetition"],
                 "log": os.path.relpath(log, arguments.out),
-                "facts": facts,
+                "facts": facts_of[shape],
                 "settings": settings.to_json_dict(),
             }
         )

@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.predictor.shapes import SHAPES
 
-from stoker.phases import parse_log
+from stoker.phases import ENGINE_PHASES, parse_log
 from stoker.predict import EngineSettings, HardwareClass, ModelFacts, Observation, fit, predict
 
 TOTAL = "total"
@@ -142,7 +142,8 @@ def errors(pairs: Sequence[tuple[float, float]]) -> dict[str, float | None]:
 def summary(held_out: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not held_out:
         return {}
-    names = list(dict.fromkeys(name for row in held_out for name in row["phases"]))
+    seen = {name for row in held_out for name in row["phases"]}
+    names = [name for name in ENGINE_PHASES if name in seen]
     by_phase = {
         name: errors(
             [

@@ -203,6 +203,13 @@ def test_operator_state_rights_are_named_and_in_its_namespace(helm: Helm) -> Non
             "resourceNames": ["stoker-control-key"],
             "verbs": ["get"],
         },
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["stoker-startup-coefficients"],
+            "verbs": ["get", "patch"],
+        },
     ]
 
 
@@ -227,7 +234,7 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
             assert len(rule["resources"]) == 1, rule
     # Standby control tokens are derived, never read back: Secrets are written, not read.
     assert verbs[("", "secrets")] == {"create", "patch"}
-    assert ("", "configmaps") not in verbs
+    assert ("", "configmaps") not in verbs  # only the operator's own, in its namespace (above)
     assert not any("escalate" in v or "bind" in v or "impersonate" in v for v in verbs.values())
     if mode == "namespaced":
         assert sorted(role["metadata"]["namespace"] for role in workload_roles(docs)) == ["ml", "research"]
@@ -238,6 +245,7 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
                 "resources": ["customresourcedefinitions"],
                 "verbs": ["list", "watch"],
             },
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
         ]
     (deployment,) = of_kind(docs, "Deployment")
@@ -268,7 +276,8 @@ def chart_settings(kubectl, namespace: str) -> dict[str, str]:
     settings = {
         item["name"]: item["value"]
         for item in env
-        if "value" in item and item["name"].startswith(("STOKER_CONTROL_KEY", "STOKER_LEADER_ELECTION"))
+        if "value" in item
+        and item["name"].startswith(("STOKER_CONTROL_KEY", "STOKER_LEADER_ELECTION", "STOKER_COEFFICIENTS"))
     }
     return {**settings, "STOKER_OPERATOR_NAMESPACE": namespace}
 
@@ -330,7 +339,7 @@ def released_objects(kubectl, namespace: str) -> list[str]:
         "-n",
         namespace,
         "get",
-        "deployments,serviceaccounts,services,roles,rolebindings,secrets",
+        "deployments,serviceaccounts,services,roles,rolebindings,secrets,configmaps",
         "-l",
         selector,
         "-o",

@@ -86,6 +86,7 @@ def test_names_subresources_and_columns() -> None:
         "Replicas": ".status.replicas",
         "Standby": ".status.standbyReplicas",
         "Startup(s)": ".status.startup.last.totalSeconds",
+        "Expected(s)": ".status.startup.expected.totalSeconds",
         "Age": ".metadata.creationTimestamp",
     }
 

@@ -25,7 +25,7 @@ def test_a_table_of_the_default_services_start(model_dir: str, capsys: pytest.Ca
     for phase in ("bootstrap", "weightLoad", "compileLoad", "graphCapture", "total"):
         assert f"\n{phase} " in out
     assert "coefficients: NVIDIA-H100-80GB-HBM3_x1_v0.26 (shipped)" in out
-    assert "INTERIM" in out
+    assert "fitted on: l8-h4096" in out
 
 
 def test_json_with_a_service_file_and_a_cold_cache(

@@ -89,6 +89,9 @@ def test_a_missing_or_garbled_config_names_the_problem(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         read_model_facts(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 256}))
+    with pytest.raises(ValueError, match="no num_attention_heads / n_head / num_heads"):
+        read_model_facts(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_hidden_layers": "two"}))
     with pytest.raises(ValueError, match=r"num_hidden_layers .* must be a non-negative integer"):
         read_model_facts(str(tmp_path))

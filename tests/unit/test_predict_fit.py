@@ -113,6 +113,8 @@ def test_few_fleet_starts_move_toward_them_and_many_dominate() -> None:
     assert truth - sixty < 0.1 * (truth - before)  # sixty outweigh the prior
     refit = fit(slow[:1], prior)
     assert refit.phases["weightLoad"]["loader=runai_streamer"].samples == len(STARTS) + 1
+    # A class without a set of its own refits from the nearest shipped one and keeps its own key.
+    assert fit(slow[:1], prior, hardware="NVIDIA-L4_x1_v0.26").hardware == "NVIDIA-L4_x1_v0.26"
     # What the fleet did not show (another loader's fit) is the prior's, untouched.
     prior_with_auto = prior.model_copy(
         update={
@@ -150,6 +152,14 @@ def test_predicted_phases_are_the_engine_profiles_in_its_order() -> None:
             names = [("compileLoad" if name == "compile" else name) for name in names]
         assert list(prediction.phases) == names
         assert prediction.total_seconds == len(names)
+
+
+def test_the_starts_engine_version_names_the_phases_whichever_set_is_used() -> None:
+    coefficients = fit(STARTS, hardware=HARDWARE)
+    coefficients.phases["jitWarmup"] = {"cache=hit": PhaseFit(intercept=0.6, samples=1)}
+    assert "jitWarmup" in predict(SHAPES[0], SERVING, coefficients).phases
+    older = SERVING.model_copy(update={"engine_version": "0.22.1"})  # no kernel warm-up phase
+    assert "jitWarmup" not in predict(SHAPES[0], older, coefficients).phases
 
 
 def test_a_phase_the_set_never_saw_is_not_predicted() -> None:

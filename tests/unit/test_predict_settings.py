@@ -8,7 +8,7 @@ import yaml
 from stoker.api import VLLMService
 from stoker.engines import DEFAULT_ENGINE_VERSION, profile_for
 from stoker.predict import EngineSettings, engine_settings
-from stoker.render import engine_invocation
+from stoker.predict.service import hardware_class, service_settings
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 
@@ -19,9 +19,18 @@ def example(name: str) -> VLLMService:
     return VLLMService.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
 
 
-def rendered(svc: VLLMService, cache_state: str = "hit") -> EngineSettings:
-    invocation = engine_invocation(svc, "serve")
-    return engine_settings(invocation.argv, invocation.env, cache_state, DEFAULT_ENGINE_VERSION)  # type: ignore[arg-type]
+def rendered(svc: VLLMService) -> EngineSettings:
+    return service_settings(svc, "hit")
+
+
+def test_a_services_hardware_class() -> None:
+    assert (
+        hardware_class(example("minimal.yaml")).key
+        == f"NVIDIA-H100-80GB-HBM3_x1_v{DEFAULT_ENGINE_VERSION[:4]}"
+    )
+    l4 = service(**{"runtime.nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}, "runtime.gpus": 4})
+    assert hardware_class(l4).key == f"NVIDIA-L4_x4_v{DEFAULT_ENGINE_VERSION[:4]}"
+    assert service_settings(l4, "miss").tensor_parallel == 4
 
 
 def test_the_minimal_example_as_rendered() -> None:
@@ -35,6 +44,7 @@ def test_the_minimal_example_as_rendered() -> None:
         sleep_mode=False,
         cache_state="hit",
         forked_engine=True,
+        engine_version=DEFAULT_ENGINE_VERSION,
     )
 
 
@@ -59,7 +69,7 @@ def test_eager_tensor_parallel_and_standby_examples() -> None:
 def test_a_stock_vllm_serve_takes_the_engines_defaults() -> None:
     stock = engine_settings(["vllm", "serve", "/models/m", "--max-model-len", "4096"], {}, "miss", "0.26.0")
     # The default capture sizes that the stock H100 logs show: "Capturing CUDA graphs ... 51/51".
-    assert stock == EngineSettings(capture_sizes=51, cache_state="miss")
+    assert stock == EngineSettings(capture_sizes=51, cache_state="miss", engine_version="0.26.0")
     assert profile_for("0.26.0").capture_sizes.count() == 51
     assert engine_settings(["m", "--max-num-seqs", "16"], {}, "miss", "0.26.0").capture_sizes == 7  # up to 32
 
@@ -78,6 +88,7 @@ def test_a_stock_vllm_serve_takes_the_engines_defaults() -> None:
         (["m", "-cc.max_cudagraph_capture_size=16"], True, 5),
         (["m", "--cudagraph-capture-sizes", "1", "2", "--load_format=runai_streamer"], True, 2),
         (["m", "-cc.pass_config.fuse_norm_quant=true"], True, 51),
+        (["m", "--enforce-eager", "--no-enforce-eager"], True, 51),
     ],
 )
 def test_vllms_spellings(args: list[str], compiled: bool, capture_sizes: int) -> None:

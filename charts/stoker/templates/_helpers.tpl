@@ -53,6 +53,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s-leader" (include "stoker.fullname" .) -}}
 {{- end -}}
 
+{{/* The ConfigMap the operator keeps the fleet's startup observations and refitted coefficients in. */}}
+{{- define "stoker.coefficientsConfigMap" -}}
+{{- printf "%s-startup-coefficients" (include "stoker.fullname" .) -}}
+{{- end -}}
+
 {{- define "stoker.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}

@@ -170,6 +170,14 @@ def build_crd() -> Schema:
                             " image pull and container start come before it.",
                             "jsonPath": ".status.startup.last.totalSeconds",
                         },
+                        {
+                            "name": "Expected(s)",
+                            "type": "number",
+                            "description": "Predicted seconds of the next serving start from process start"
+                            " (status.startup.expected.totalSeconds), from the model's facts and the"
+                            " startup coefficients of its hardware class.",
+                            "jsonPath": ".status.startup.expected.totalSeconds",
+                        },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                 }

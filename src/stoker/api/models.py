@@ -932,6 +932,12 @@ class StartupRecord(_StatusModel):
     failed: bool | None = Field(default=None, description="The start failed before serving.")
     reason: str | None = Field(default=None, description="Why it failed, from the log.")
     finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
+    gpu_product: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The node's GPU product (label nvidia.com/gpu.product); cpu when the pod asked for no"
+        " GPU, unknown when the node does not say. Part of the hardware class of startup predictions.",
+    )
 
 
 class StartupSample(_StatusModel):
@@ -959,14 +965,65 @@ class StartupSummary(_StatusModel):
     max_total_seconds: float | None = Field(default=None, description="Largest totalSeconds.")
 
 
+class ModelFactsStatus(_StatusModel):
+    """The model's facts as the seed Job read them from the model directory (stoker.predict.facts)."""
+
+    checkpoint_bytes: int = Field(description="Bytes of the weight files (*.safetensors, else *.bin/*.pt).")
+    layers: int = Field(description="Hidden layers.")
+    hidden_size: int = Field(description="Hidden size.")
+    intermediate_size: int = Field(description="MLP intermediate size.")
+    attention_heads: int = Field(description="Attention heads.")
+    kv_heads: int = Field(description="Key/value heads.")
+    vocab_size: int = Field(description="Vocabulary size.")
+    tokenizer_bytes: int = Field(description="Bytes of the tokenizer files.")
+    moe: bool = Field(description="A mixture-of-experts model.")
+    experts: int = Field(description="Experts per MoE layer (0: dense).")
+    dtype: str | None = Field(default=None, description="The config's torch_dtype.")
+
+
+class ExpectedStartup(_StatusModel):
+    """The predicted start of the next serving replica, per engine phase, with what it was predicted from."""
+
+    phases: dict[str, float] = Field(
+        default_factory=dict, description="Predicted seconds per engine phase (bootstrap, ..., apiReady)."
+    )
+    total_seconds: float | None = Field(
+        default=None, description="Predicted seconds from process start to `Starting vLLM server on`."
+    )
+    cache_state: Literal["hit", "miss", "none"] | None = Field(
+        default=None,
+        description="Compile-cache state predicted for: hit once the cache is seeded for the current key.",
+    )
+    hardware: str | None = Field(
+        default=None, description="Hardware class: GPU product, GPUs per replica, engine major.minor."
+    )
+    coefficients: str | None = Field(default=None, description="Hardware key of the coefficient set used.")
+    source: Literal["shipped", "fleet"] | None = Field(
+        default=None,
+        description="shipped: the defaults stoker ships; fleet: refitted from this cluster's starts.",
+    )
+    reason: str | None = Field(
+        default=None, description="Why there is no prediction (no model facts, no coefficients)."
+    )
+
+
 class StartupStatus(_StatusModel):
-    """Where replicas' start-up seconds went, parsed from their logs."""
+    """Where replicas' start-up seconds went, parsed from their logs, and where they are expected to go."""
 
     last: StartupRecord | None = Field(default=None, description="The latest serving replica's start.")
     seed: StartupRecord | None = Field(default=None, description="The latest seed Job run.")
     recent: StartupSummary | None = Field(default=None, description="Summary of recent serving starts.")
     history: list[StartupSample] = Field(
         default_factory=list, max_length=100, description="Recent serving starts, oldest first."
+    )
+    model: ModelFactsStatus | None = Field(
+        default=None, description="The model's facts, from the `stoker-model-facts:` line of the seed's log."
+    )
+    model_cache_key: str | None = Field(
+        default=None, description="Short compile-cache key of the seed run that read the model's facts."
+    )
+    expected: ExpectedStartup | None = Field(
+        default=None, description="Predicted phases of the next serving start (stoker.predict)."
     )
 
 

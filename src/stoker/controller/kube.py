@@ -97,9 +97,29 @@ class Kube:
             field_manager=self.field_manager,
         )
 
+    def patch_merge(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest
+    ) -> Manifest:
+        """A JSON merge patch; with metadata.resourceVersion in it, the API server answers 409 if the object
+        changed since that version (optimistic concurrency)."""
+        result = self._resource(api_version, kind).patch(
+            body=patch,
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+            field_manager=self.field_manager,
+        )
+        return dict(result.to_dict())
+
+    def node_labels(self, name: str) -> dict[str, str]:
+        """A node's labels; empty if the node is gone."""
+        node = self.get("v1", "Node", "", name)
+        return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         try:
-            return dict(self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict())
+            resource = self._resource(api_version, kind)
+            return dict(resource.get(name=name, namespace=namespace or None).to_dict())
         except NotFoundError:
             return None
 

@@ -1,8 +1,11 @@
-"""Prometheus metrics on the operator's own port. Labels stay bounded: phases, roles and results only."""
+"""Prometheus metrics on the operator's own port. Labels stay bounded: phases, roles and results, and for
+the expected-vs-observed gauges one series per VLLMService and phase, removed with the object."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import threading
+
+from prometheus_client import Counter, Gauge, Histogram
 
 STARTUP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
 
@@ -43,3 +46,39 @@ STANDBY_TRANSITIONS = Counter(
     "Standby transitions by kind (demote, sleep, wake) and result (ok, failed).",
     ["transition", "result"],
 )
+STARTUP_EXPECTED_SECONDS = Gauge(
+    "stoker_startup_expected_seconds",
+    "Predicted seconds of the next serving start per phase (phase=total: their sum), as in"
+    " status.startup.expected.",
+    ["namespace", "name", "phase"],
+)
+STARTUP_OBSERVED_SECONDS = Gauge(
+    "stoker_startup_observed_seconds",
+    "Seconds the last serving start took per engine phase (phase=total: process start to serving).",
+    ["namespace", "name", "phase"],
+)
+
+# The phases each gauge has a series of, per VLLMService, so that phases that stop applying (and the
+# object, once deleted) lose their series.
+_PER_SERVICE_GAUGES = (STARTUP_EXPECTED_SECONDS, STARTUP_OBSERVED_SECONDS)
+_labelled: dict[tuple[Gauge, tuple[str, str]], set[str]] = {}
+_labelled_guard = threading.Lock()
+
+
+def set_startup_seconds(gauge: Gauge, service: tuple[str, str], seconds: dict[str, float]) -> None:
+    """One VLLMService's series of `gauge`: exactly the phases in `seconds`."""
+    with _labelled_guard:
+        before = _labelled.get((gauge, service), set())
+        for phase in before - seconds.keys():
+            gauge.remove(*service, phase)
+        for phase, value in seconds.items():
+            gauge.labels(*service, phase).set(value)
+        if seconds:
+            _labelled[(gauge, service)] = set(seconds)
+        else:
+            _labelled.pop((gauge, service), None)
+
+
+def forget_service(namespace: str, name: str) -> None:
+    for gauge in _PER_SERVICE_GAUGES:
+        set_startup_seconds(gauge, (namespace, name), {})

@@ -40,7 +40,18 @@ class OperatorSettings(BaseSettings):
         " absent, never overwritten, so re-applies, upgrades, restarts and a second replica keep the key.",
     )
     operator_namespace: str = Field(
-        "default", min_length=1, description="The operator's own namespace: its control key and its Lease."
+        "default",
+        min_length=1,
+        description="The operator's own namespace: its control key, its Lease and its startup coefficients.",
+    )
+    coefficients_configmap: str = Field(
+        "stoker-startup-coefficients",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ConfigMap in operator_namespace holding the fleet's startup observations and the"
+        " coefficients refitted from them, per hardware class; created if absent.",
+    )
+    coefficients_observations: int = Field(
+        200, ge=1, le=1000, description="Observed starts kept per hardware class (the newest)."
     )
     leader_election: bool = Field(
         False, description="Reconcile only while holding the Lease, so that replicas can run side by side."

@@ -4,7 +4,7 @@ Pure code: imports only the standard library, so the GPU benchmark can use it on
 """
 
 from stoker.phases.kubernetes import KUBERNETES_PHASES, kubernetes_phases
-from stoker.phases.parser import ENGINE_PHASES, StartupLogParser, parse_log
+from stoker.phases.parser import ENGINE_PHASES, StartupLogParser, logged_phase_name, parse_log
 from stoker.phases.timeline import COMPILE_PHASES, CompileCache, StartupTimeline, summarize
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "StartupLogParser",
     "StartupTimeline",
     "kubernetes_phases",
+    "logged_phase_name",
     "parse_log",
     "summarize",
 ]

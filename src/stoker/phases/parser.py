@@ -144,7 +144,7 @@ class StartupLogParser:
         boundary = 0.0
         if run.start is not None:
             for phase, marker in self._profile.phase_ends:
-                name = COMPILE_LOAD_PHASE if phase == COMPILE_PHASE and cache == "hit" else phase
+                name = logged_phase_name(phase, cache)
                 at = run.marks.get(marker)
                 if at is None:
                     continue
@@ -277,6 +277,11 @@ class StartupLogParser:
     def _process(line: str) -> str:
         found = PROCESS.match(line)
         return (found.group("process") or "") if found is not None else ""
+
+
+def logged_phase_name(phase: str, cache: CompileCache) -> str:
+    """The name a profile's phase gets in a timeline: on a cache hit the compile phase only loaded."""
+    return COMPILE_LOAD_PHASE if phase == COMPILE_PHASE and cache == "hit" else phase
 
 
 def _profile_or_tolerant(version: str | None) -> EngineProfile:

@@ -49,6 +49,8 @@ def read_model_facts(model_dir: str) -> dict:
 
     def whole(*names: str, default: int | None = None) -> int:
         value = first(*names, default=default)
+        if value is None:
+            raise ValueError(f"{config_path}: no {' / '.join(names)}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(
                 f"{config_path}: {' / '.join(names)} must be a non-negative integer, got {value!r}"

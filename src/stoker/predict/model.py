@@ -56,10 +56,13 @@ class EngineSettings(_Document):
     cache_state: CompileCache
     # VLLM_WORKER_MULTIPROC_METHOD=fork: the engine process is forked instead of spawned (imports once).
     forked_engine: bool = False
+    # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
+    engine_version: str | None = None
 
 
 class HardwareClass(_Document):
-    """Where coefficients hold: the GPU product label (or `cpu`), GPUs per replica, engine major.minor."""
+    """Where coefficients hold: the GPU product label (`cpu`, count 0, for CPU builds), GPUs per replica,
+    engine major.minor."""
 
     gpu_product: str = Field(min_length=1, pattern=r"^[^_\s]+$")
     gpu_count: int = Field(ge=0)

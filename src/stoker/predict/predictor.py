@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stoker.engines import EngineProfile, profile_for
+from stoker.phases import COMPILE_PHASES, logged_phase_name
 from stoker.predict.model import (
     CoefficientSet,
     CoefficientSource,
@@ -89,7 +90,6 @@ PHASE_MODELS: dict[str, PhaseModel] = {
     "jitWarmup": PhaseModel(_cache, ()),
     "apiReady": PhaseModel(_cache, ()),
 }
-_COMPILE_PHASES = ("dynamo", "compile")
 
 
 def regime_of(phase: str, settings: EngineSettings) -> str:
@@ -100,16 +100,18 @@ def expected_phases(profile: EngineProfile, settings: EngineSettings) -> list[st
     """The engine phases a start with `settings` logs, named and ordered as `stoker phases` prints them."""
     names = []
     for phase, _ in profile.phase_ends:
-        if phase in _COMPILE_PHASES and settings.cache_state == "none":
+        if phase in COMPILE_PHASES and settings.cache_state == "none":
             continue
-        names.append("compileLoad" if phase == "compile" and settings.cache_state == "hit" else phase)
+        names.append(logged_phase_name(phase, settings.cache_state))
     return names
 
 
 def predict(facts: ModelFacts, settings: EngineSettings, coefficients: CoefficientSet) -> Prediction:
-    """Expected engine phases of one start; a phase the set has never seen (no fit in any regime, e.g.
-    graph capture on CPU) is left out, as the parser leaves out a phase the log does not show."""
-    profile = profile_for(f"{HardwareClass.from_key(coefficients.hardware).engine_version}.0")
+    """Expected engine phases of one start, in the phases of the settings' engine version (else the set's);
+    a phase the set has never seen (no fit in any regime, e.g. graph capture on CPU) is left out, as the
+    parser leaves out a phase the log does not show."""
+    version = settings.engine_version or f"{HardwareClass.from_key(coefficients.hardware).engine_version}.0"
+    profile = profile_for(version)
     phases: dict[str, float] = {}
     fallbacks: dict[str, str] = {}
     for phase in expected_phases(profile, settings):

@@ -61,6 +61,7 @@ def engine_settings(
         sleep_mode=flags.sleep_mode in parsed.values,
         cache_state=cache_state if compiled else "none",
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
+        engine_version=engine_version,
     )
 
 
@@ -88,7 +89,11 @@ def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
         if name in switches:
             parsed.values.setdefault(name, [])
             continue
-        if name.startswith(("-O", "--no-")) and name not in _OPTIMIZATION_LEVEL:
+        if name.startswith("--no-"):
+            # argparse's BooleanOptionalAction: the negation after the flag wins.
+            parsed.values.pop("--" + name.removeprefix("--no-"), None)
+            continue
+        if name.startswith("-O") and name not in _OPTIMIZATION_LEVEL:
             continue
         values = [inline] if inline is not None else []
         while index < len(args) and _takes(args[index], values, name in multi_valued):

@@ -27,6 +27,9 @@ RETAINED_CACHE_ANNOTATION = "stoker.dev/compile-cache-of"
 # The full compile-cache key a seed filled the volume for: a later VLLMService taking a retained claim
 # back skips the seed when its key is the same.
 SEEDED_KEY_ANNOTATION = "stoker.dev/seeded-key"
+# Beside it, the model facts that seed printed: a VLLMService that reuses the claim without a seed run
+# still has them for its startup prediction.
+MODEL_FACTS_ANNOTATION = "stoker.dev/model-facts"
 
 ROLE_ACTIVE = "active"
 ROLE_STANDBY = "standby"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 from stoker.api import VLLMService
+from stoker.engines import EngineFlags
+from stoker.predict.facts import FACTS_LOG_PREFIX, read_model_facts
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
 from stoker.render.engine import PORT, EngineInvocation, engine_invocation
 from stoker.render.names import (
@@ -26,8 +29,43 @@ SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
 # (bench/results/seed-warmup-h100.json), serving pods' first completion then took 0.12 s instead of
 # 1.26 s, at 1.1 s of the seed's time. Its failure (say, an --api-key) leaves the seed successful.
 # The vLLM image has python3 but not curl.
-SEED_WRAPPER = f"""\
-import json, signal, subprocess, sys, time, urllib.request
+#
+# Once healthy, the seed prints the model's facts on one `stoker-model-facts: {json}` line, which the
+# operator reads with the rest of the seed's log. read_model_facts is embedded verbatim, so the vLLM image
+# needs no stoker. It reads the directory the engine read: the model path as given or, for a hub id, the
+# local Hugging Face cache snapshot; nothing for a streamer URI or a model it cannot read.
+SEED_MODEL_FACTS = (
+    "import json, os, signal, subprocess, sys, time, urllib.request\n\n\n"
+    + inspect.getsource(read_model_facts)
+    + f"""
+
+def local_model_dir(argv):
+    model = argv[argv.index("serve") + 1]
+    if os.path.isdir(model):
+        return model
+    if "://" in model:
+        return None
+    revision_flag = "{EngineFlags().revision}"
+    revision = argv[argv.index(revision_flag) + 1] if revision_flag in argv else None
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model, revision=revision, local_files_only=True)
+
+
+def print_model_facts(argv):
+    try:
+        model_dir = local_model_dir(argv)
+        if model_dir:
+            print({FACTS_LOG_PREFIX!r} + json.dumps(read_model_facts(model_dir), sort_keys=True), flush=True)
+    except Exception as error:
+        print(f"stoker-seed: no model facts ({{error!r}})", flush=True)
+"""
+)
+
+SEED_WRAPPER = (
+    SEED_MODEL_FACTS
+    + f"""
+
 server = subprocess.Popen(sys.argv[1:])
 
 
@@ -50,6 +88,7 @@ while True:
         pass
     time.sleep(2)
 print("stoker-seed: server is healthy, the compile cache is seeded", flush=True)
+print_model_facts(sys.argv)
 model = sys.argv[sys.argv.index("--served-model-name") + 1]
 request = urllib.request.Request(
     "http://127.0.0.1:{PORT}/v1/completions",
@@ -69,6 +108,7 @@ except subprocess.TimeoutExpired:
     server.kill()
 sys.exit(0)
 """
+)
 
 
 def seed_invocation(svc: VLLMService) -> EngineInvocation:

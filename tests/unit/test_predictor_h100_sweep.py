@@ -1,0 +1,69 @@
+"""The H100 predictor sweep as committed (bench/results/predictor-h100-logs/, vLLM 0.26.0): turned into a
+RUNS_DIR by bench/predictor/coldstart_runs.py and judged by validate.py, as docs/benchmarks/gpu-coldstart.md
+says it was. Guards the shipped numbers: a predictor change that breaks the issue's acceptance on the real
+data, or a converter change that loses a start, fails here."""
+
+import json
+from pathlib import Path
+
+import pytest
+from bench.predictor.coldstart_runs import main as coldstart_runs
+from bench.predictor.shapes import H100_SHAPES
+from bench.predictor.validate import main as validate
+
+from stoker.predict import CoefficientSet
+
+SWEEP = Path(__file__).parents[2] / "bench" / "results" / "predictor-h100-logs"
+HARDWARE = "NVIDIA-H100-80GB-HBM3_x1_v0.26"
+PROFILES = "stock,stoker-seed,stoker"
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "runs"
+    command = [str(SWEEP), "--engine-version", "0.26.0", "--profiles", PROFILES, "--out", str(out)]
+    assert coldstart_runs(command) == 0
+    return out
+
+
+def test_every_start_of_the_sweep_with_its_shapes_facts_and_settings(runs_dir: Path) -> None:
+    runs = [json.loads(line) for line in (runs_dir / "runs.jsonl").read_text().splitlines()]
+    driver = [json.loads(line) for line in (SWEEP / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == len(driver) == 21
+    models = json.loads((SWEEP / "models.json").read_text())
+    for run in runs:
+        shape = next(shape for shape in H100_SHAPES if shape.name == run["shape"])
+        facts = run["facts"]
+        # Read from the host's config.json and file sizes: the shape as written, the bytes as on disk.
+        assert (facts["layers"], facts["hiddenSize"], facts["vocabSize"]) == (
+            shape.layers,
+            shape.hidden,
+            shape.vocab,
+        )
+        files = models[shape.name]["files"]
+        assert facts["checkpointBytes"] == sum(
+            size for name, size in files.items() if name.endswith(".safetensors")
+        )
+        assert facts["tokenizerBytes"] == files["tokenizer.json"]
+        assert (runs_dir / run["log"]).exists()
+        loader = {"stock": "auto", "stoker-seed": "dummy", "stoker": "runai_streamer"}[run["profile"]]
+        assert run["settings"]["loader"] == loader
+        assert run["settings"]["cacheState"] == ("hit" if run["profile"] == "stoker" else "miss")
+
+
+def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
+    runs_dir: Path, tmp_path: Path
+) -> None:
+    out, shipped = tmp_path / "predictor-h100.json", tmp_path / f"{HARDWARE}.json"
+    command = [str(runs_dir), "--hardware", HARDWARE, "--out", str(out), "--coefficients-out", str(shipped)]
+    assert validate(command) == 0
+    document = json.loads(out.read_text())
+    assert {row["shape"] for row in document["heldOut"]} == {s.name for s in H100_SHAPES if s.held_out}
+    total = document["summary"]["total"]
+    assert total["maePercent"] <= 10 and total["maxErrorPercent"] <= 20
+    committed = SWEEP.parent / "predictor-h100.json"
+    assert document["summary"] == json.loads(committed.read_text())["summary"]
+    package = Path(__file__).parents[2] / "src" / "stoker" / "predict" / "coefficients" / f"{HARDWARE}.json"
+    assert CoefficientSet.model_validate_json(shipped.read_text()) == CoefficientSet.model_validate_json(
+        package.read_text()
+    )

@@ -1,0 +1,62 @@
+"""The seed wrapper's model-facts line: the embedded read_model_facts, run as the seed pod runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from stoker.predict.facts import parse_facts_line, read_model_facts
+from stoker.predict.model import ModelFacts
+from stoker.render.seed import SEED_MODEL_FACTS, SEED_WRAPPER
+
+CONFIG = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
+}
+
+
+def printed(argv: list[str]) -> str:
+    """What the seed prints about the model for `argv`, run from the wrapper's own source."""
+    namespace: dict[str, object] = {}
+    exec(SEED_MODEL_FACTS, namespace)  # what the seed pod runs, without the server around it
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        namespace["print_model_facts"](argv)  # type: ignore[operator]
+    return output.getvalue()
+
+
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    return tmp_path
+
+
+def test_the_wrapper_runs_the_same_read_model_facts() -> None:
+    compile(SEED_WRAPPER, "<seed-wrapper>", "exec")
+    assert SEED_WRAPPER.startswith(SEED_MODEL_FACTS)
+
+
+def test_a_local_model_gives_one_facts_line_the_operator_parses(tmp_path: Path) -> None:
+    directory = model_dir(tmp_path)
+    (line,) = printed(["vllm", "serve", str(directory), "--served-model-name", "m"]).splitlines()
+    facts = parse_facts_line(f"2026-11-23T16:00:00.000000000Z {line}")
+    assert facts == ModelFacts.model_validate(read_model_facts(str(directory)))
+    assert facts.layers == 2 and facts.checkpoint_bytes == 4096 and facts.tokenizer_bytes == 2
+
+
+def test_a_streamer_uri_prints_no_facts() -> None:
+    assert printed(["vllm", "serve", "s3://bucket/llama", "--load-format", "runai_streamer"]) == ""
+
+
+def test_an_unreadable_model_prints_why_but_no_facts(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    output = printed(["vllm", "serve", str(tmp_path)])
+    assert output.startswith("stoker-seed: no model facts") and parse_facts_line(output) is None
