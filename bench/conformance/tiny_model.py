@@ -18,7 +18,7 @@ from pathlib import Path
 if not __package__:  # run as a script by a vLLM venv's interpreter: bench/ is importable from the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.predictor.shapes import SHAPES, Shape
+from bench.predictor.shapes import SHAPES, Shape, llama_config, tensor_shapes
 
 CONFORMANCE_SHAPE = Shape(
     "conformance",
@@ -43,25 +43,7 @@ CORPUS = [
 
 
 def write_config(out: Path, shape: Shape) -> None:
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": shape.hidden,
-        "intermediate_size": shape.intermediate,
-        "num_hidden_layers": shape.layers,
-        "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
-        "vocab_size": shape.vocab,
-        "max_position_embeddings": MAX_LEN,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "hidden_act": "silu",
-    }
+    config = llama_config(shape, max_len=MAX_LEN, rope_theta=10000.0)
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
 
@@ -71,26 +53,11 @@ def write_weights(out: Path, shape: Shape) -> None:
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(SEED)
-    hidden, intermediate = shape.hidden, shape.intermediate
-    kv_width = shape.kv_heads * shape.head_dim
-    projections = {"q_proj": hidden, "k_proj": kv_width, "v_proj": kv_width, "o_proj": hidden}
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab, hidden)}
-    for layer in range(shape.layers):
-        prefix = f"model.layers.{layer}."
-        for projection, rows in projections.items():
-            shapes[f"{prefix}self_attn.{projection}.weight"] = (rows, hidden)
-        shapes[f"{prefix}mlp.gate_proj.weight"] = (intermediate, hidden)
-        shapes[f"{prefix}mlp.up_proj.weight"] = (intermediate, hidden)
-        shapes[f"{prefix}mlp.down_proj.weight"] = (hidden, intermediate)
-        shapes[f"{prefix}input_layernorm.weight"] = (hidden,)
-        shapes[f"{prefix}post_attention_layernorm.weight"] = (hidden,)
-    shapes["model.norm.weight"] = (hidden,)
-    shapes["lm_head.weight"] = (shape.vocab, hidden)
     tensors = {
-        name: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
-        if len(shape) == 2
-        else np.ones(shape, dtype=np.float16)
-        for name, shape in shapes.items()
+        name: (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
+        if len(dims) == 2
+        else np.ones(dims, dtype=np.float16)
+        for name, dims in tensor_shapes(shape)
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
