@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build vllm-venv lint unit e2e test conformance conformance-flags demo demo-down crds docs
+.PHONY: venv cluster-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -43,6 +43,12 @@ test: venv cluster-build vllm-venv lint
 # here); writes bench/results/conformance.json and docs/compatibility.md.
 conformance: venv conformance-flags
 	$(BIN)/python -m bench.conformance
+
+# The CPU predictor sweep: 30 real vLLM CPU starts of six shapes (stock, seed, seeded serving; about an hour
+# on 2 shared cores), then fit on four shapes and judge the two held out (bench/results/predictor-cpu.json)
+# and the shipped CPU coefficients fitted on all six. Needs root to drop the page cache (skipped otherwise).
+predictor-cpu: vllm-venv
+	$(BIN)/python -m bench.predictor.cpu_sweep
 
 crds: venv
 	$(BIN)/python -m stoker.api.crd

@@ -1,17 +1,34 @@
-"""Write a tiny Llama checkpoint (random weights, a BPE tokenizer trained here), byte for byte the same on
-every run and machine, without network: the model real vLLM CPU processes serve in the conformance harness
-and the live-engine e2e test. Startup phases depend on shapes and code paths, not on weight values.
+"""Write a tiny Llama checkpoint of one shape (random weights, a BPE tokenizer trained here), byte for byte
+the same on every run and machine, without network: the model real vLLM CPU processes serve in the
+conformance harness and the live-engine e2e test (CONFORMANCE_SHAPE), and the shapes the CPU predictor
+sweep starts (bench/predictor/shapes.py). Startup phases depend on shapes and code paths, not on weight
+values.
 
-    python bench/conformance/tiny_model.py DIR     (needs numpy, safetensors and tokenizers: a vLLM venv)
+    python bench/conformance/tiny_model.py DIR [SHAPE]   (needs numpy, safetensors and tokenizers: a vLLM
+                                                          venv; SHAPE: a name in bench/predictor/shapes.py)
 """
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
-LAYERS, HIDDEN, INTERMEDIATE, HEADS, VOCAB = 4, 512, 1024, 8, 1024
+if not __package__:  # run as a script by a vLLM venv's interpreter: bench/ is importable from the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.predictor.shapes import SHAPES, Shape, llama_config, tensor_shapes
+
+CONFORMANCE_SHAPE = Shape(
+    "conformance",
+    layers=4,
+    hidden=512,
+    intermediate=1024,
+    heads=8,
+    kv_heads=8,
+    vocab=1024,
+)
 MAX_LEN = 2048
 SEED = 20261123
 SPECIAL_TOKENS = ["<s>", "</s>"]
@@ -25,69 +42,51 @@ CORPUS = [
 ] * 8
 
 
-def write_config(out: Path) -> None:
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS,
-        "head_dim": HIDDEN // HEADS,
-        "vocab_size": VOCAB,
-        "max_position_embeddings": MAX_LEN,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "hidden_act": "silu",
-    }
+def write_config(out: Path, shape: Shape) -> None:
+    config = llama_config(shape, max_len=MAX_LEN, rope_theta=10000.0)
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
 
 
-def write_weights(out: Path) -> None:
+def write_weights(out: Path, shape: Shape) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(SEED)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
-    for layer in range(LAYERS):
-        prefix = f"model.layers.{layer}."
-        for projection in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            shapes[f"{prefix}self_attn.{projection}.weight"] = (HIDDEN, HIDDEN)
-        shapes[f"{prefix}mlp.gate_proj.weight"] = (INTERMEDIATE, HIDDEN)
-        shapes[f"{prefix}mlp.up_proj.weight"] = (INTERMEDIATE, HIDDEN)
-        shapes[f"{prefix}mlp.down_proj.weight"] = (HIDDEN, INTERMEDIATE)
-        shapes[f"{prefix}input_layernorm.weight"] = (HIDDEN,)
-        shapes[f"{prefix}post_attention_layernorm.weight"] = (HIDDEN,)
-    shapes["model.norm.weight"] = (HIDDEN,)
-    shapes["lm_head.weight"] = (VOCAB, HIDDEN)
     tensors = {
-        name: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
-        if len(shape) == 2
-        else np.ones(shape, dtype=np.float16)
-        for name, shape in shapes.items()
+        name: (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
+        if len(dims) == 2
+        else np.ones(dims, dtype=np.float16)
+        for name, dims in tensor_shapes(shape)
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def write_tokenizer(out: Path) -> None:
+def vocabulary_text(vocab: int) -> list[str]:
+    """CORPUS, plus made-up words when `vocab` is larger than CONFORMANCE_SHAPE's: the fixed corpus runs out
+    of merges near 1,000 tokens, and a larger vocab should make a larger tokenizer file, as real ones do."""
+    extra = vocab - CONFORMANCE_SHAPE.vocab
+    if extra <= 0:
+        return CORPUS
+    letters = random.Random(SEED)
+    alphabet = "abcdefghijklmnopqrstuvwxyz"
+    words = ("".join(letters.choices(alphabet, k=letters.randint(3, 9))) for _ in range(extra * 4))
+    return [*CORPUS, " ".join(words)]
+
+
+def write_tokenizer(out: Path, shape: Shape) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=shape.vocab,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.train_from_iterator(vocabulary_text(shape.vocab), trainer)
     tokenizer.save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -98,15 +97,16 @@ def write_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, sort_keys=True) + "\n")
 
 
-def write_checkpoint(out: Path) -> Path:
+def write_checkpoint(out: Path, shape: Shape = CONFORMANCE_SHAPE) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    write_config(out)
-    write_weights(out)
-    write_tokenizer(out)
+    write_config(out, shape)
+    write_weights(out, shape)
+    write_tokenizer(out, shape)
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    print(write_checkpoint(Path(sys.argv[1])))
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in SHAPES):
+        sys.exit(f"{__doc__}\nshapes: {' '.join(SHAPES)}")
+    shape = SHAPES[sys.argv[2]] if len(sys.argv) == 3 else CONFORMANCE_SHAPE
+    print(write_checkpoint(Path(sys.argv[1]), shape))

@@ -7,6 +7,7 @@ every dimension that varies: the predictor is judged on interpolation, as a flee
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -36,14 +37,58 @@ H100_SHAPES = (
     Shape("l20-h3072", 20, 3072, 8192, 24, 8, 128256, held_out=True),
 )
 
-# CPU (2 cores): the same family scaled down so that a real vLLM CPU start stays well under a minute.
+# CPU (2 cores, shared): the same family scaled down. Every CPU start compiles (vLLM 0.26's CPU runner cannot
+# load a kept compile cache), and a 4-layer, hidden-512 start takes about 130 s on this machine under load,
+# most of it imports and engine start; layer counts stay low so that the sweep's 30 starts fit its budget.
 CPU_SHAPES = (
-    Shape("l2-h256", 2, 256, 512, 4, 4, 1024),
-    Shape("l8-h512", 8, 512, 1024, 8, 8, 4096),
-    Shape("l4-h1024", 4, 1024, 2816, 16, 8, 8192),
-    Shape("l12-h768", 12, 768, 2048, 12, 4, 16384),
-    Shape("l4-h512", 4, 512, 1024, 8, 8, 2048, held_out=True),
-    Shape("l8-h768", 8, 768, 2048, 12, 4, 8192, held_out=True),
+    Shape("l1-h256", 1, 256, 512, 4, 4, 1024),
+    Shape("l4-h512", 4, 512, 1024, 8, 8, 4096),
+    Shape("l2-h1024", 2, 1024, 2816, 16, 8, 8192),
+    Shape("l6-h768", 6, 768, 2048, 12, 4, 16384),
+    Shape("l3-h512", 3, 512, 1024, 8, 8, 2048, held_out=True),
+    Shape("l4-h768", 4, 768, 2048, 12, 4, 8192, held_out=True),
 )
 
 SHAPES = {shape.name: shape for shape in (*H100_SHAPES, *CPU_SHAPES)}
+
+
+def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every weight of a Llama checkpoint of `shape`, by name, in the order the model writers store them."""
+    hidden, q_dim, kv_dim = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    yield "model.embed_tokens.weight", (shape.vocab, hidden)
+    for i in range(shape.layers):
+        prefix = f"model.layers.{i}."
+        yield prefix + "self_attn.q_proj.weight", (q_dim, hidden)
+        yield prefix + "self_attn.k_proj.weight", (kv_dim, hidden)
+        yield prefix + "self_attn.v_proj.weight", (kv_dim, hidden)
+        yield prefix + "self_attn.o_proj.weight", (hidden, q_dim)
+        yield prefix + "mlp.gate_proj.weight", (shape.intermediate, hidden)
+        yield prefix + "mlp.up_proj.weight", (shape.intermediate, hidden)
+        yield prefix + "mlp.down_proj.weight", (hidden, shape.intermediate)
+        yield prefix + "input_layernorm.weight", (hidden,)
+        yield prefix + "post_attention_layernorm.weight", (hidden,)
+    yield "model.norm.weight", (hidden,)
+    yield "lm_head.weight", (shape.vocab, hidden)
+
+
+def llama_config(shape: Shape, max_len: int, rope_theta: float) -> dict[str, object]:
+    """The config.json of a Llama checkpoint of `shape`; each model writer adds what its engine needs."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": max_len,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": rope_theta,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "hidden_act": "silu",
+    }
