@@ -31,7 +31,15 @@ from typing import Any
 from bench.predictor.shapes import SHAPES
 
 from stoker.phases import ENGINE_PHASES, parse_log
-from stoker.predict import EngineSettings, HardwareClass, ModelFacts, Observation, fit, predict
+from stoker.predict import (
+    EngineSettings,
+    HardwareClass,
+    ModelFacts,
+    Observation,
+    fit,
+    logged_settings,
+    predict,
+)
 
 TOTAL = "total"
 
@@ -68,7 +76,11 @@ def load_runs(runs_dir: Path) -> list[Run]:
         if timeline.total_seconds is None:
             print(f"left out {label} (runs.jsonl line {number}): not ready in its log", file=sys.stderr)
             continue
-        settings = EngineSettings.model_validate({**record["settings"], "cacheState": timeline.compile_cache})
+        settings = logged_settings(
+            EngineSettings.model_validate(record["settings"]),
+            timeline.compile_cache,
+            timeline.compile_cache_reason,
+        )
         observation = Observation(
             facts=ModelFacts.model_validate(record["facts"]),
             settings=settings,

@@ -16,7 +16,9 @@ from stoker.predict import (
     PhaseFit,
     expected_phases,
     fit,
+    logged_settings,
     predict,
+    regime_of,
 )
 
 HARDWARE = "NVIDIA-H100-80GB-HBM3_x1_v0.26"
@@ -174,3 +176,34 @@ def test_a_phase_the_set_never_saw_is_not_predicted() -> None:
 def test_fit_without_hardware_or_prior_is_refused() -> None:
     with pytest.raises(ValueError, match="hardware key"):
         fit(STARTS)
+
+
+def test_a_kept_cache_that_failed_to_load_is_its_own_regime() -> None:
+    # vLLM's CPU runner never loads a kept compile cache (the log says miss, loadFailed), yet the kept
+    # volume's other caches spare part of the work: such a start is not a miss on an empty volume.
+    served = logged_settings(SERVING, "miss", "loadFailed")
+    assert (served.cache_state, served.kept_cache) == ("miss", True)
+    assert regime_of("compile", served) == "cache=miss,kept"
+    empty = logged_settings(SERVING, "miss", None)
+    assert (empty.kept_cache, regime_of("compile", empty)) == (False, "cache=miss")
+    assert logged_settings(SERVING, "hit", None).kept_cache
+
+
+def test_an_expected_hit_where_kept_caches_never_load_is_predicted_as_they_run_there() -> None:
+    cpu = CoefficientSet(
+        hardware="cpu_x0_v0.26",
+        source="shipped",
+        phases={
+            "compile": {
+                "cache=miss": PhaseFit(intercept=60.0, samples=4),
+                "cache=miss,kept": PhaseFit(intercept=29.0, samples=4),
+            },
+            "bootstrap": {"all": PhaseFit(intercept=20.0, samples=8)},
+        },
+    )
+    prediction = predict(SHAPES[0], SERVING, cpu)
+    assert prediction.phases == {"bootstrap": 20.0, "compile": 29.0}
+    assert prediction.fallbacks == {"compile": "cache=miss,kept"}
+    # Where hits were seen, a hit is predicted as one.
+    cpu.phases["compileLoad"] = {"cache=hit": PhaseFit(intercept=0.5, samples=1)}
+    assert predict(SHAPES[0], SERVING, cpu).phases == {"bootstrap": 20.0, "compileLoad": 0.5}

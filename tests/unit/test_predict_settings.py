@@ -43,6 +43,7 @@ def test_the_minimal_example_as_rendered() -> None:
         tensor_parallel=1,
         sleep_mode=False,
         cache_state="hit",
+        kept_cache=True,
         forked_engine=True,
         engine_version=DEFAULT_ENGINE_VERSION,
     )

@@ -56,3 +56,10 @@ def test_the_shipped_h100_set_predicts_its_own_starts() -> None:
 def test_a_stored_observation_reads_back() -> None:
     observation = shipped_coefficients(H100).observations[0]
     assert Observation.model_validate(observation.to_json_dict()) == observation
+
+
+def test_a_gpu_class_never_gets_the_cpu_set_nor_the_reverse() -> None:
+    unknown_gpu = HardwareClass(gpu_product="unknown", gpu_count=1, engine_version="0.26")
+    assert HardwareClass.from_key(shipped_coefficients(unknown_gpu).hardware).gpu_count > 0
+    other_cpu = HardwareClass(gpu_product="cpu", gpu_count=0, engine_version="0.30")
+    assert HardwareClass.from_key(shipped_coefficients(other_cpu).hardware).gpu_product == "cpu"

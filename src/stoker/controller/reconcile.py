@@ -68,6 +68,7 @@ from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
 from stoker.predict.predictor import predict
 from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_settings
+from stoker.predict.settings import logged_settings
 from stoker.render import (
     CACHE_KEY_LABEL,
     COMPONENT_LABEL,
@@ -744,7 +745,11 @@ class Reconciler:
                 continue
             hardware = on_node(hardware_class(svc), record.get("gpuProduct"))
             try:
-                settings = service_settings(svc, record["compileCache"], start.role)
+                settings = logged_settings(
+                    service_settings(svc, record["compileCache"], start.role),
+                    record["compileCache"],
+                    record.get("compileCacheReason"),
+                )
                 observation = Observation(
                     facts=facts, settings=settings, phases=start.engine_phases, label=start.label
                 )

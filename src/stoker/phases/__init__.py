@@ -5,13 +5,20 @@ Pure code: imports only the standard library, so the GPU benchmark can use it on
 
 from stoker.phases.kubernetes import KUBERNETES_PHASES, kubernetes_phases
 from stoker.phases.parser import ENGINE_PHASES, StartupLogParser, logged_phase_name, parse_log
-from stoker.phases.timeline import COMPILE_PHASES, CompileCache, StartupTimeline, summarize
+from stoker.phases.timeline import (
+    COMPILE_PHASES,
+    CompileCache,
+    CompileCacheReason,
+    StartupTimeline,
+    summarize,
+)
 
 __all__ = [
     "COMPILE_PHASES",
     "ENGINE_PHASES",
     "KUBERNETES_PHASES",
     "CompileCache",
+    "CompileCacheReason",
     "StartupLogParser",
     "StartupTimeline",
     "kubernetes_phases",

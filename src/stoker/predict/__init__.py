@@ -16,7 +16,7 @@ from stoker.predict.model import (
     Prediction,
 )
 from stoker.predict.predictor import PHASE_MODELS, PRIOR_WEIGHT, expected_phases, fit, predict, regime_of
-from stoker.predict.settings import engine_settings
+from stoker.predict.settings import engine_settings, logged_settings
 from stoker.predict.shipped import NoShippedCoefficients, shipped_coefficients, shipped_hardware
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "engine_settings",
     "expected_phases",
     "fit",
+    "logged_settings",
     "parse_facts_line",
     "predict",
     "read_model_facts",

@@ -59,6 +59,10 @@ class EngineSettings(_Document):
     sleep_mode: bool = False
     # Expected (or, for an observed start, logged) compile-cache state: none when nothing is compiled.
     cache_state: CompileCache
+    # A kept compile cache (a seeded volume) was there at start. A miss with one differs from a miss
+    # without: vLLM's CPU runner never loads a kept cache, yet its warm model-info and Inductor caches
+    # spare most of the work (bench/results/predictor-cpu-regime-diagnosis.txt).
+    kept_cache: bool = False
     # VLLM_WORKER_MULTIPROC_METHOD=fork: the engine process is forked instead of spawned (imports once).
     forked_engine: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stoker.engines import EngineProfile, profile_for
-from stoker.phases import CompileCache
+from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
 
 _COMPILATION_CONFIG = ("--compilation-config", "-cc")
@@ -60,8 +60,19 @@ def engine_settings(
         tensor_parallel=_integer(parsed.last(flags.tensor_parallel_size) or "1", flags.tensor_parallel_size),
         sleep_mode=flags.sleep_mode in parsed.values,
         cache_state=cache_state if compiled else "none",
+        kept_cache=compiled and cache_state == "hit",
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
         engine_version=engine_version,
+    )
+
+
+def logged_settings(
+    settings: EngineSettings, compile_cache: CompileCache, reason: CompileCacheReason | None
+) -> EngineSettings:
+    """`settings` with the cache state a start's log showed: a kept cache that failed to load still was
+    there (`kept_cache`), and spared what it could."""
+    return settings.model_copy(
+        update={"cache_state": compile_cache, "kept_cache": compile_cache == "hit" or reason == "loadFailed"}
     )
 
 

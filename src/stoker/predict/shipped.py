@@ -25,8 +25,8 @@ def shipped_hardware() -> list[HardwareClass]:
 
 
 def shipped_coefficients(hardware: HardwareClass) -> CoefficientSet:
-    """The shipped set nearest to `hardware`: the same GPU product and engine version (the same GPU count
-    first), else the same product, else the same version, else any.
+    """The shipped set nearest to `hardware`, never a CPU set for a GPU class nor the reverse: the same GPU
+    product and engine version (the same GPU count first), else the same product, else the same version.
 
     The set's `hardware` is the class it was fitted on: where it differs from `hardware.key` the caller
     says so (a nearest match is an estimate from other hardware, not this class's own fit).
@@ -35,10 +35,12 @@ def shipped_coefficients(hardware: HardwareClass) -> CoefficientSet:
     if not candidates:
         raise NoShippedCoefficients("no shipped coefficient set found in the stoker package")
 
-    def closeness(candidate: HardwareClass) -> tuple[bool, bool, bool, bool]:
+    def closeness(candidate: HardwareClass) -> tuple[bool, bool, bool, bool, bool]:
+        same_kind = (candidate.gpu_count > 0) == (hardware.gpu_count > 0)
         same_product = candidate.gpu_product == hardware.gpu_product
         same_version = candidate.engine_version == hardware.engine_version
         return (
+            same_kind,
             same_product and same_version,
             same_product,
             same_version,
