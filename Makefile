@@ -44,8 +44,8 @@ test: venv cluster-build vllm-venv lint
 conformance: venv conformance-flags
 	$(BIN)/python -m bench.conformance
 
-# The CPU predictor sweep: 30 real vLLM CPU starts of six shapes (stock, seed, seeded serving; about an hour
-# on 2 shared cores), then fit on four shapes and judge the two held out (bench/results/predictor-cpu.json)
+# The CPU predictor sweep: 30 real vLLM CPU starts of six shapes (stock, seed, seeded serving; 46 min
+# on 2 quiet cores), then fit on four shapes and judge the two held out (bench/results/predictor-cpu.json)
 # and the shipped CPU coefficients fitted on all six. Needs root to drop the page cache (skipped otherwise).
 predictor-cpu: vllm-venv
 	$(BIN)/python -m bench.predictor.cpu_sweep
