@@ -24,7 +24,7 @@ from typing import Any
 from bench.predictor.validate import log_lines
 
 from stoker.phases import parse_log
-from stoker.predict import ModelFacts, engine_settings
+from stoker.predict import ModelFacts, engine_settings, logged_settings
 from stoker.predict.facts import read_model_facts
 
 
@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             path for path in (arguments.logs_dir / name, arguments.logs_dir / f"{name}.gz") if path.exists()
         )
         timeline = parse_log(log_lines(log))
-        settings = engine_settings(
-            record["argv"], record["env"], timeline.compile_cache, arguments.engine_version
+        settings = logged_settings(
+            engine_settings(record["argv"], record["env"], timeline.compile_cache, arguments.engine_version),
+            timeline.compile_cache,
+            timeline.compile_cache_reason,
         )
         lines.append(
             {

@@ -49,7 +49,7 @@ from bench.predictor.shapes import CPU_SHAPES, SHAPES, Shape
 from stoker.phases import parse_log
 from stoker.predict import HardwareClass
 from stoker.predict.facts import read_model_facts
-from stoker.predict.settings import engine_settings
+from stoker.predict.settings import engine_settings, logged_settings
 from stoker.render import PORT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,8 +198,11 @@ def write_runs(runs_dir: Path, work_dir: Path, version: str) -> int:
     for record in read_jsonl(runs_dir / STARTS_FILE):
         timeline = parse_log((runs_dir / record["log"]).read_text().splitlines(keepends=True))
         engine_argv = record["argv"][record["argv"].index(SERVE_SUBCOMMAND) :]
-        settings = engine_settings(
-            engine_argv, record["env"], timeline.compile_cache, timeline.engine_version or version
+        run_version = timeline.engine_version or version
+        settings = logged_settings(
+            engine_settings(engine_argv, record["env"], timeline.compile_cache, run_version),
+            timeline.compile_cache,
+            timeline.compile_cache_reason,
         )
         facts = read_model_facts(str(model_dir(SHAPES[record["shape"]], work_dir)))
         runs.append({**record, "facts": facts, "settings": settings.to_json_dict()})
