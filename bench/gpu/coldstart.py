@@ -2,9 +2,10 @@
 four modes that share one harness (harness.py) and one launcher (launch.sh).
 
 Profiles (default). Per repetition, in this order: `stock` (plain `vllm serve`, empty caches), `stoker-seed`
-(the seed Job's invocation, run until it stops itself), then each serving profile (`stoker` and the levers
-in profiles.VARIANTS) on a fresh copy of the cache the seed left (the seed also gets the variables a lever
-names as its seed_env). Ready time is the first 200 from /health, counted from process start; then one
+(the seed Job's invocation, run until it stops itself; with --seed-once, in the first repetition only), then
+each serving profile (`stoker` and the --required ones first, then the levers in profiles.VARIANTS) on a
+fresh copy of the cache the seed left (the seed also gets the variables a lever names as its seed_env).
+Ready time is the first 200 from /health, counted from process start; then one
 completion (latency) and one streamed 256-token completion (decode tokens/s), so no profile buys startup
 with serving speed unnoticed. Logs: OUT/logs/r<rep>-<profile>.log.
 
@@ -21,7 +22,8 @@ Before every start the page cache is dropped and the container-local JIT caches 
 on a new node. Every mode writes OUT/runs.jsonl (one line per start) and OUT/host.json; bench/gpu/report.py,
 seedwarmup_report.py and bench/predictor/coldstart_runs.py turn them into results.
 
-usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spawn] [--stop-after 1300]
+usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spawn] [--required NAME,...]
+                          [--seed-once] [--stop-after 1300]
        coldstart.py MANIFEST OUT --shapes NAME,NAME,... [--no-decode] [--stop-after 1300]
        coldstart.py MANIFEST OUT --seed-warmup [--repetitions 3] [--stop-after 600]
        coldstart.py MANIFEST OUT --standby [--servers 3] [--wakes 2] [--asleep-seconds 3]
@@ -160,6 +162,10 @@ def main() -> None:
     parser.add_argument("--first-repetition", type=int, default=1, help="to go on after an interruption")
     parser.add_argument("--skip-stock", action="store_true", help="only stoker's runs (safety checks)")
     parser.add_argument(
+        "--required", default="", help="profiles besides the default that every repetition runs before levers"
+    )
+    parser.add_argument("--seed-once", action="store_true", help="seed once, in the first repetition")
+    parser.add_argument(
         "--stop-after", type=float, default=1300, help="seconds; no run starts that would end later"
     )
     parser.add_argument("--no-decode", action="store_true", help="one completion per start, no decode probe")
@@ -187,11 +193,12 @@ def main() -> None:
 def profiles(args: argparse.Namespace, out: Path) -> None:
     svc = load_service(args.manifest)
     names, repetitions = args.profiles.split(","), args.repetitions
-    # One seed for the whole run: a plan override that drops a lever later leaves the seed as it was.
+    # One seed invocation for the whole run: a plan override that drops a lever later leaves it as it was.
     seed = seed_invocation(svc, tuple(names))
     budget = Budget(args.stop_after, ESTIMATE_S)
     # The runs every repetition needs; a lever runs only if the later repetitions' required runs still fit.
-    required = ([] if args.skip_stock else ["stock"]) + ["stoker-seed", DEFAULT_PROFILE]
+    kept = [DEFAULT_PROFILE, *(name for name in args.required.split(",") if name and name != DEFAULT_PROFILE)]
+    required = ([] if args.skip_stock else ["stock"]) + ([] if args.seed_once else ["stoker-seed"]) + kept
     rep = args.first_repetition
     while rep <= repetitions:
         if PLAN_OVERRIDE.exists():
@@ -199,12 +206,15 @@ def profiles(args: argparse.Namespace, out: Path) -> None:
             names, repetitions = plan.get("profiles", names), plan.get("repetitions", repetitions)
         if not args.skip_stock:
             run("stock", rep, stock_invocation(svc), out, budget, "stock", reserve=[])
-        seeded = run("stoker-seed", rep, seed, out, budget, "seed", reserve=[])
-        if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
-            shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
-            shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
-            for name in names:
-                reserve = [] if name == DEFAULT_PROFILE else required * (repetitions - rep)
+        if rep == args.first_repetition or not args.seed_once:
+            seeded = run("stoker-seed", rep, seed, out, budget, "seed", reserve=[])
+            if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
+                shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
+                shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
+        if SEED_SNAPSHOT.exists():
+            # Required profiles first, so that a lever cut short by the budget leaves them measured.
+            for name in sorted(names, key=lambda name: name not in kept):
+                reserve = [] if name in kept else required * (repetitions - rep)
                 run(name, rep, serve_invocation(svc, name), out, budget, "serve", reserve)
         rep += 1
 

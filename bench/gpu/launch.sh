@@ -5,11 +5,12 @@
 #   first call:   [MODEL_ARGS=...] bench/gpu/launch.sh prep PART_DIR
 #       stages the part, writes /root/t0 (the lease's start), starts the model writer and the bytecode
 #       compile detached. MODEL_ARGS are make_model.py's arguments: "/models/synth8b" (the default; LAYERS=N
-#       for fewer layers) or "/models --shapes NAME,..." (the predictor's sweep).
+#       for fewer layers) or "/models --shapes NAME,..." (the predictor's sweep). With LOADER_WHEELS=DIR (the
+#       weight loaders' wheels, carried beside the part), it also tries them on the GPU (loader_smoke.py).
 #   middle calls: bench/gpu/launch.sh stage PART_DIR
 #   last call:    [MANIFEST=llama-8b.json] [IMPORT_PROFILE=1] bench/gpu/launch.sh go PART_DIR LEASE_S CALL_S [driver args]
 #       does prep's work first if no prep call came (all parts in one call), installs vLLM, waits for the
-#       model and the bytecode, optionally profiles the API server's imports once, starts coldstart.py
+#       model and the bytecode, optionally profiles the API server's imports (cold, then warm), starts coldstart.py
 #       detached under /root/bench-out (--stop-after: no run ends after /root/t0 + LEASE_S), then harvests.
 #   later calls:  bench/gpu/launch.sh harvest SECONDS
 #       waits up to SECONDS (or until the driver prints "done"), then packs /root/bench-out into
@@ -43,7 +44,13 @@ esac
 part_dir=$1; shift
 mkdir -p /root/stage /root/bench-out /models && cp "$part_dir"/part-* /root/stage/
 case $mode in
-prep) prep; sleep 2; ls /root/stage; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; exit 0 ;;
+prep)
+    prep; sleep 2; ls /root/stage; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    if [ -n "${LOADER_WHEELS:-}" ]; then
+        python3 -m pip install -q --no-index --no-deps --target /root/loaders "$LOADER_WHEELS"/*.whl
+        PYTHONPATH=/root/loaders timeout 180 python3 bench/gpu/loader_smoke.py /root/loader-smoke || true
+    fi
+    exit 0 ;;
 stage) ls /root/stage; exit 0 ;;
 go) [ -f /root/t0 ] || prep ;;
 *) echo "unknown mode $mode" >&2; exit 2 ;;
@@ -58,6 +65,9 @@ if [ -n "${IMPORT_PROFILE:-}" ]; then
     sync && echo 3 > /proc/sys/vm/drop_caches
     PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" \
         2> /root/bench-out/importtime.txt || true
+    # Again with the page cache warm: what is left is the imports' CPU time, the rest was the cold disk.
+    PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" \
+        2> /root/bench-out/importtime-warm.txt || true
 fi
 rm -rf /root/bench && mkdir -p /root/bench/bench && cp -r src /root/bench/ && cp -r bench/gpu bench/predictor /root/bench/bench/
 cd /root/bench/bench/gpu

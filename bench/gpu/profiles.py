@@ -15,15 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.api import VLLMService
-from stoker.render import Role, engine_invocation
+from stoker.render import Role, engine_invocation, model_string
 from stoker.render import seed_invocation as render_seed_invocation
 from stoker.render.engine import served_model_name
+from stoker.render.prefetch import read_ahead_command
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
 # docs/benchmarks/gpu-coldstart.md); "stoker-spawn" keeps vLLM's CLI default for comparison.
 SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 STARTUP_PLAN = {"VLLM_ENABLE_STARTUP_PLAN": "1"}
+# InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
+BUFFERED_INSTANTTENSOR = {"INSTANTTENSOR_BACKEND": "BUFFERED"}
 # Exactly what the operator renders; every other serving profile is a lever on top of it.
 DEFAULT_PROFILE = "stoker"
 
@@ -35,6 +38,11 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     compilation: dict[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    # Another --load-format in place of the rendered one (its streamer options dropped).
+    load_format: str | None = None
+    # Run the server under render.prefetch's read-ahead: None (off), "weights" or "libraries" (the
+    # runtime's shared libraries first, then the weights).
+    read_ahead: str | None = None
     # Also set on the seed, for a lever that reads what the seed wrote. Only variables outside vLLM's
     # compile-cache key belong here: the other profiles share the seed and must still hit its cache.
     seed_env: dict[str, str] = field(default_factory=dict)
@@ -73,6 +81,33 @@ VARIANTS: dict[str, Variant] = {
         env=STARTUP_PLAN,
         seed_env=STARTUP_PLAN,
         note="the seed's persisted startup plan: memory profiling and CUDA-graph memory estimation skipped",
+    ),
+    # Weight loaders that vLLM 0.26.0 has besides the streamer; neither enters the compile-cache key.
+    "stoker-instanttensor": Variant(
+        load_format="instanttensor",
+        note="InstantTensor: pipelined io_uring direct reads into GPU memory (vllm[instanttensor])",
+    ),
+    "stoker-fastsafetensors": Variant(
+        load_format="fastsafetensors",
+        note="fastsafetensors (a dependency of vLLM 0.26.0): pinned bounce buffers, GDS where present",
+    ),
+    "stoker-readahead": Variant(
+        read_ahead="weights",
+        note="the checkpoint read into the page cache while Python imports, the streamer as rendered",
+    ),
+    "stoker-fast": Variant(
+        read_ahead="weights",
+        load_format="instanttensor",
+        env={**BUFFERED_INSTANTTENSOR, **STARTUP_PLAN},
+        seed_env=STARTUP_PLAN,
+        note="read-ahead of the checkpoint, InstantTensor reading the page cache, the seed's startup plan",
+    ),
+    "stoker-fast-libs": Variant(
+        read_ahead="libraries",
+        load_format="instanttensor",
+        env={**BUFFERED_INSTANTTENSOR, **STARTUP_PLAN},
+        seed_env=STARTUP_PLAN,
+        note="stoker-fast, with torch, CUDA, Triton and vLLM shared libraries read ahead of the checkpoint",
     ),
 }
 
@@ -114,13 +149,37 @@ def _with_compilation(args: list[str], overrides: dict[str, Any]) -> list[str]:
     return [*kept, COMPILATION_CONFIG_FLAG, json.dumps(merged, separators=(",", ":"))]
 
 
+def _with_load_format(args: list[str], load_format: str | None) -> list[str]:
+    """`args` loading with `load_format` in place of the rendered format, without the streamer's extra
+    config (the order the renderer would give it)."""
+    if load_format is None:
+        return list(args)
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+        elif arg == "--load-format":
+            kept += [arg, load_format]
+            skip_value = True
+        elif arg == "--model-loader-extra-config":
+            skip_value = True
+        else:
+            kept.append(arg)
+    return kept
+
+
 def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     rendered = engine_invocation(svc, role)
     args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
+    args = _with_load_format(args, variant.load_format)
     port = _flag_value(args, "--port")
     served = _flag_value(args, "--served-model-name")
+    command = list(rendered.command)
+    if variant.read_ahead is not None:
+        command = [*read_ahead_command([model_string(svc)], variant.read_ahead == "libraries"), *command]
     return Invocation(
-        argv=[*rendered.command, *args],
+        argv=[*command, *args],
         env={**rendered.env, **variant.env},
         port=int(port) if port else 8000,
         served_model_name=served or svc.spec.model.name,
