@@ -40,8 +40,8 @@ class Variant:
     extra_args: tuple[str, ...] = ()
     # Another --load-format in place of the rendered one (its streamer options dropped).
     load_format: str | None = None
-    # Run the server under render.prefetch's read-ahead: None (off), "weights" or "libraries" (the
-    # runtime's shared libraries first, then the weights).
+    # Run the server under render.prefetch's read-ahead: None (off), "weights", or "everything" (the
+    # runtime's shared libraries and bytecode, then the weights, then the compile cache volume).
     read_ahead: str | None = None
     # Also set on the seed, for a lever that reads what the seed wrote. Only variables outside vLLM's
     # compile-cache key belong here: the other profiles share the seed and must still hit its cache.
@@ -102,12 +102,13 @@ VARIANTS: dict[str, Variant] = {
         seed_env=STARTUP_PLAN,
         note="read-ahead of the checkpoint, InstantTensor reading the page cache, the seed's startup plan",
     ),
-    "stoker-fast-libs": Variant(
-        read_ahead="libraries",
+    "stoker-fast-all": Variant(
+        read_ahead="everything",
         load_format="instanttensor",
         env={**BUFFERED_INSTANTTENSOR, **STARTUP_PLAN},
         seed_env=STARTUP_PLAN,
-        note="stoker-fast, with torch, CUDA, Triton and vLLM shared libraries read ahead of the checkpoint",
+        note="stoker-fast, reading ahead also the shared libraries and bytecode of torch, CUDA, Triton, "
+        "transformers and vLLM (before the checkpoint) and the compile cache volume (after it)",
     ),
 }
 
@@ -177,7 +178,9 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     served = _flag_value(args, "--served-model-name")
     command = list(rendered.command)
     if variant.read_ahead is not None:
-        command = [*read_ahead_command([model_string(svc)], variant.read_ahead == "libraries"), *command]
+        everything = variant.read_ahead == "everything"
+        caches = (rendered.cache_mount_path,) if everything else ()
+        command = [*read_ahead_command([model_string(svc)], everything, caches), *command]
     return Invocation(
         argv=[*command, *args],
         env={**rendered.env, **variant.env},

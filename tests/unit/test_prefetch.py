@@ -21,7 +21,7 @@ def checkpoint(root: Path) -> Path:
 
 def test_reads_every_safetensors_file_in_chunks_and_nothing_else(tmp_path: Path) -> None:
     model = checkpoint(tmp_path)
-    assert read_ahead([str(model)], libraries=False, readers=3, chunk=1 << 20) == (4 << 20) + 1
+    assert read_ahead([str(model)], False, [], readers=3, chunk=1 << 20) == (4 << 20) + 1
 
 
 def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, monkeypatch) -> None:
@@ -32,8 +32,8 @@ def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, monkeypatc
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").symlink_to(blob)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert read_ahead(["org/name"], libraries=False) == 1000
-    assert read_ahead(["org/absent", "s3://bucket/model"], libraries=False) == 0
+    assert read_ahead(["org/name"], False, []) == 1000
+    assert read_ahead(["org/absent", "s3://bucket/model"], False, []) == 0
 
 
 def test_libraries_come_from_this_interpreters_import_path(tmp_path: Path, monkeypatch) -> None:
@@ -48,8 +48,8 @@ def test_libraries_come_from_this_interpreters_import_path(tmp_path: Path, monke
     (site / "unrelated").mkdir()
     (site / "unrelated" / "big.so").write_bytes(b"u" * 1000)
     monkeypatch.setattr(sys, "path", [str(site), str(site)])
-    assert read_ahead([], libraries=True) == 117
-    assert read_ahead([], libraries=False) == 0
+    assert read_ahead([], True, []) == 117
+    assert read_ahead([], False, []) == 0
 
 
 def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: 
     program = "import os, sys; print(os.getpid(), sys.argv[1:]); sys.exit(7)"
     server = [sys.executable, "-c", program, "--a", "b"]
     process = subprocess.Popen(
-        [sys.executable, *read_ahead_command([str(model)], libraries=True)[1:], *server],
+        [sys.executable, *read_ahead_command([str(model)], True, (str(tmp_path),))[1:], *server],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -73,3 +73,13 @@ def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begin
     assert command[:2] == ["python3", "-c"]
     assert command[3:] == ["/models/m", "--"]
     assert read_ahead_command(["/models/m"], libraries=True)[3:] == ["--libraries", "/models/m", "--"]
+    everything = read_ahead_command(["/models/m"], True, ("/var/cache/vllm",))
+    assert everything[3:] == ["--libraries", "--cache", "/var/cache/vllm", "/models/m", "--"]
+
+
+def test_a_cache_directory_is_read_whole_after_the_weights(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path)
+    cache = tmp_path / "cache" / "torch_compile_cache"
+    cache.mkdir(parents=True)
+    (cache / "artifact").write_bytes(b"a" * 300)
+    assert read_ahead([str(model)], False, [str(tmp_path / "cache")]) == (4 << 20) + 1 + 300

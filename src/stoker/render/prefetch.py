@@ -18,11 +18,14 @@ import threading
 from collections.abc import Callable
 
 
-def read_ahead(paths: list[str], libraries: bool, readers: int = 8, chunk: int = 16 << 20) -> int:
-    """Read every `*.safetensors` file under `paths` (files or directories, symlinks followed; a hub id
-    is looked up in the Hugging Face cache), after the shared libraries and bytecode that this interpreter
-    imports for vLLM if `libraries`, in that order, by `readers` threads taking `chunk`-byte ranges from
-    one list. Returns the bytes read; unreadable files are skipped (the loader will report them)."""
+def read_ahead(
+    paths: list[str], libraries: bool, caches: list[str], readers: int = 8, chunk: int = 16 << 20
+) -> int:
+    """Read, in this order: the shared libraries and bytecode that this interpreter imports for vLLM (if
+    `libraries`), every `*.safetensors` file under `paths` (files or directories, symlinks followed; a hub
+    id is looked up in the Hugging Face cache), every file under `caches` (compile artifacts). `readers`
+    threads take `chunk`-byte ranges from one list. Returns the bytes read; unreadable files are skipped
+    (their reader will report them)."""
 
     def files_under(root: str, wanted: Callable[[str], bool]) -> list[str]:
         if os.path.isfile(root):
@@ -53,6 +56,8 @@ def read_ahead(paths: list[str], libraries: bool, readers: int = 8, chunk: int =
     for path in paths:
         root = path if os.path.exists(path) or "://" in path else hub_cache_dir(path)
         files += files_under(root, lambda name: name.endswith(".safetensors"))
+    for cache in caches:
+        files += files_under(cache, lambda name: True)
     ranges = []
     for name in dict.fromkeys(files):
         try:
@@ -100,11 +105,17 @@ READ_AHEAD_PROGRAM = (
 arguments = sys.argv[1:]
 split = arguments.index("--")
 options, command = arguments[:split], arguments[split + 1 :]
+paths, caches, given = [], [], iter(options)
+for option in given:
+    if option == "--cache":
+        caches.append(next(given))
+    elif option != "--libraries":
+        paths.append(option)
 if os.fork() == 0:
     # The reader: out of the imports' way on the CPU, gone with the server's process group.
     os.nice(10)
     try:
-        read_ahead([p for p in options if p != "--libraries"], "--libraries" in options)
+        read_ahead(paths, "--libraries" in options, caches)
     finally:
         os._exit(0)
 os.execvp(command[0], command)
@@ -112,6 +123,7 @@ os.execvp(command[0], command)
 )
 
 
-def read_ahead_command(paths: list[str], libraries: bool) -> list[str]:
-    """The command that runs READ_AHEAD_PROGRAM over `paths`; the server's argv follows it."""
-    return ["python3", "-c", READ_AHEAD_PROGRAM, *(["--libraries"] if libraries else []), *paths, "--"]
+def read_ahead_command(paths: list[str], libraries: bool, caches: tuple[str, ...] = ()) -> list[str]:
+    """The command that runs READ_AHEAD_PROGRAM over `paths` (and `caches`); the server's argv follows."""
+    options = [*(["--libraries"] if libraries else []), *(a for cache in caches for a in ("--cache", cache))]
+    return ["python3", "-c", READ_AHEAD_PROGRAM, *options, *paths, "--"]
