@@ -95,6 +95,12 @@ VARIANTS: dict[str, Variant] = {
         read_ahead="weights",
         note="the checkpoint read into the page cache while Python imports, the streamer as rendered",
     ),
+    "stoker-readahead-plan": Variant(
+        read_ahead="weights",
+        env=STARTUP_PLAN,
+        seed_env=STARTUP_PLAN,
+        note="read-ahead of the checkpoint and the seed's startup plan, the streamer as rendered",
+    ),
     "stoker-fast": Variant(
         read_ahead="weights",
         load_format="instanttensor",
