@@ -47,7 +47,8 @@ def test_defaults_of_a_minimal_manifest() -> None:
     assert spec.runtime.image == DEFAULT_IMAGE
     assert (spec.runtime.replicas, spec.runtime.gpus) == (1, 1)
     assert spec.runtime.effective_tensor_parallel_size == 1
-    assert spec.cold_start.loader.format == "runai_streamer"
+    assert spec.cold_start.loader.format is None and spec.cold_start.loader.read_ahead is None
+    assert spec.cold_start.startup_plan
     assert spec.cold_start.compile_cache.enabled
     assert spec.cold_start.compile_cache.access_mode == "ReadWriteMany"
     assert not spec.cold_start.model_cache.enabled

@@ -98,7 +98,9 @@ def test_defaults() -> None:
     assert node_at("spec.runtime.image")["default"] == "ghcr.io/stoker-dev/stoker-vllm:0.26.0"
     assert node_at("spec.runtime.replicas")["default"] == 1
     assert node_at("spec.runtime.gpus")["default"] == 1
-    assert node_at("spec.coldStart.loader.format")["default"] == "runai_streamer"
+    # Unset, the renderer picks the loader from the source and the image (render.engine.load_format).
+    assert "default" not in node_at("spec.coldStart.loader.format")
+    assert node_at("spec.coldStart.startupPlan")["default"] is True
     assert node_at("spec.coldStart.compileCache.enabled")["default"] is True
     assert node_at("spec.coldStart.seed.enabled")["default"] is True
     # The capture settings are alternatives: a default inside cudaGraphs would collide with the user's.

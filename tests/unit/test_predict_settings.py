@@ -9,6 +9,7 @@ from stoker.api import VLLMService
 from stoker.engines import DEFAULT_ENGINE_VERSION, profile_for
 from stoker.predict import EngineSettings, engine_settings
 from stoker.predict.service import hardware_class, service_settings
+from stoker.render.engine import load_format
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 
@@ -37,7 +38,7 @@ def test_the_minimal_example_as_rendered() -> None:
     svc = example("minimal.yaml")
     sizes = svc.spec.cold_start.cuda_graphs.capture_sizes
     assert rendered(svc) == EngineSettings(
-        loader=svc.spec.cold_start.loader.format,
+        loader=load_format(svc),
         compiled=True,
         capture_sizes=len(sizes or []),
         tensor_parallel=1,

@@ -55,7 +55,9 @@ SINGULAR = "vllmservice"
 SHORT_NAMES = ["vsvc"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-DEFAULT_IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
+# stoker's runtime image (Dockerfile, target runtime): vLLM plus the streamer and InstantTensor.
+RUNTIME_IMAGE_REPOSITORY = "ghcr.io/stoker-dev/stoker-vllm"
+DEFAULT_IMAGE = f"{RUNTIME_IMAGE_REPOSITORY}:{DEFAULT_ENGINE_VERSION}"
 DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 # The seed Job is named `<name>-seed-<10 hex>` and its pods carry that name in a 63-character label.
@@ -418,22 +420,27 @@ class RuntimeSpec(_Model):
 
 
 _STREAMER_ONLY = "concurrency and memoryLimitBytes apply only to format runai_streamer"
+LoadFormat = Literal["runai_streamer", "instanttensor", "fastsafetensors", "safetensors", "auto"]
 
 
 class LoaderSpec(_Model):
-    """How serving pods load the weights (--load-format)."""
+    """How serving pods load the weights (--load-format); nothing here is part of the cache key."""
 
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
-                "self.format == 'runai_streamer' || (!has(self.concurrency) && !has(self.memoryLimitBytes))",
+                "!has(self.format) || self.format == 'runai_streamer'"
+                " || (!has(self.concurrency) && !has(self.memoryLimitBytes))",
                 _STREAMER_ONLY,
             )
         )
     )
 
-    format: Literal["runai_streamer", "auto", "safetensors", "fastsafetensors"] = Field(
-        default="runai_streamer", description="vLLM --load-format; not part of the cache key."
+    format: LoadFormat | None = Field(
+        default=None,
+        description="vLLM --load-format. Unset: instanttensor where the weights are on a volume and the image"
+        " has it (stoker's runtime image; any vLLM image from 0.33), runai_streamer otherwise or when"
+        " concurrency or memoryLimitBytes is set.",
     )
     concurrency: int | None = Field(
         default=None, ge=1, le=256, description="Streamer reader threads (streamer default: 16)."
@@ -441,10 +448,16 @@ class LoaderSpec(_Model):
     memory_limit_bytes: int | None = Field(
         default=None, ge=-1, description="Streamer CPU buffer cap in bytes; -1 = unlimited."
     )
+    read_ahead: bool | None = Field(
+        default=None,
+        description="Read the checkpoint on the volume into the page cache while vLLM imports Python, so"
+        " that the loader reads memory, not a cold disk. Unset: on with instanttensor (which then reads"
+        " buffered).",
+    )
 
     @model_validator(mode="after")
     def _streamer_only(self) -> LoaderSpec:
-        if self.format != "runai_streamer" and (
+        if self.format not in (None, "runai_streamer") and (
             self.concurrency is not None or self.memory_limit_bytes is not None
         ):
             raise ValueError(_STREAMER_ONLY)
@@ -573,6 +586,12 @@ class ColdStartSpec(_Model):
         description="CUDA-graph capture; part of the cache key.",
     )
     seed: SeedSpec = Field(default_factory=SeedSpec, description="The seed Job.")
+    startup_plan: bool = Field(
+        default=True,
+        description="The seed persists vLLM's memory-profiling result on the cache volume and serving pods"
+        " skip profiling (VLLM_ENABLE_STARTUP_PLAN, vLLM 0.26 and later; a pod whose GPU does not match"
+        " profiles as usual). Not part of the cache key.",
+    )
     standby: StandbySpec | None = Field(
         default=None,
         description="Sleeping standby replicas. Setting it (even with replicas 0) adds --enable-sleep-mode,"
@@ -802,7 +821,7 @@ def _repeated(items: list[str]) -> list[str]:
 
 
 _MODEL_CACHE_NEEDS_HF = "coldStart.modelCache applies only to model.source.huggingFace"
-_S3_NEEDS_STREAMER = "model.source.s3 needs coldStart.loader.format runai_streamer or auto"
+_S3_NEEDS_STREAMER = "model.source.s3 needs coldStart.loader.format runai_streamer or auto (or unset)"
 _S3_FORMATS = ("runai_streamer", "auto")
 # The operator's wake-up check sends a completion without a key; a key would fail every wake (401).
 _STANDBY_API_KEY = "coldStart.standby does not work with an API key: remove --api-key from runtime.extraArgs"
@@ -822,7 +841,8 @@ class VLLMServiceSpec(_Model):
                 ".coldStart.modelCache.enabled",
             ),
             _cel(
-                f"!has(self.model.source.s3) || self.coldStart.loader.format in {_quoted_list(_S3_FORMATS)}",
+                "!has(self.model.source.s3) || !has(self.coldStart.loader.format)"
+                f" || self.coldStart.loader.format in {_quoted_list(_S3_FORMATS)}",
                 _S3_NEEDS_STREAMER,
                 ".coldStart.loader.format",
             ),
@@ -858,7 +878,7 @@ class VLLMServiceSpec(_Model):
     def _cross_field(self) -> VLLMServiceSpec:
         if self.cold_start.model_cache.enabled and self.model.source.hugging_face is None:
             raise ValueError(_MODEL_CACHE_NEEDS_HF)
-        if self.model.source.s3 is not None and self.cold_start.loader.format not in _S3_FORMATS:
+        if self.model.source.s3 is not None and self.cold_start.loader.format not in (None, *_S3_FORMATS):
             raise ValueError(_S3_NEEDS_STREAMER)
         if self.cold_start.standby is not None:
             if any(sets_api_key(arg) for arg in self.runtime.extra_args):

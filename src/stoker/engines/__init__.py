@@ -57,13 +57,20 @@ def profile_for(version: str) -> EngineProfile:
     )
 
 
+def split_image(image: str) -> tuple[str, str | None]:
+    """An image reference's repository and tag (None if untagged); a digest is dropped, a registry's port
+    is part of the repository."""
+    name = image.split("@", 1)[0]
+    if ":" not in name.rsplit("/", 1)[-1]:
+        return name, None
+    repository, tag = name.rsplit(":", 1)
+    return repository, tag
+
+
 def version_from_image(image: str) -> str | None:
     """The release an image's tag names (`repo:0.26.0`, `repo:v0.26.0-cu130`), or None."""
-    name = image.split("@", 1)[0]
-    last_part = name.rsplit("/", 1)[-1]
-    if ":" not in last_part:
-        return None
-    found = _TAG_VERSION.fullmatch(last_part.rsplit(":", 1)[1])
+    tag = split_image(image)[1]
+    found = _TAG_VERSION.fullmatch(tag) if tag is not None else None
     return found.group(1) if found is not None else None
 
 
@@ -104,6 +111,7 @@ __all__ = [
     "detect_version_in_log",
     "profile_for",
     "resolve_engine_version",
+    "split_image",
     "supported_ranges",
     "version_from_image",
 ]

@@ -94,6 +94,9 @@ class Capabilities:
     snapshot: bool
     # A caller's TRITON_CACHE_DIR is kept; older releases move it under the compile-cache directory.
     keeps_triton_cache_dir: bool
+    # `--load-format instanttensor` needs the instanttensor package: an extra (vllm[instanttensor], which
+    # stoker's runtime image installs) up to 0.32, a dependency of vLLM itself from 0.33 (METADATA).
+    instanttensor_in_every_image: bool
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ V0_22 = EngineProfile(
         ipc_cache=False,
         snapshot=False,
         keeps_triton_cache_dir=False,
+        instanttensor_in_every_image=False,
     ),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU),
     phase_ends=_PHASES_NO_WARMUP,
@@ -370,7 +374,7 @@ V0_33 = replace(
     | {"VLLM_CHAT_TEMPLATE_FUEL", "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES"}
     | {"VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB", "VLLM_RAY_BUNDLE_INDICES", "VLLM_REQUEST_BODY_LOG_LEVEL"},
     cache_env=(("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer-autotune"),),
-    capabilities=replace(V0_32.capabilities, mega_aot_artifact=True),
+    capabilities=replace(V0_32.capabilities, mega_aot_artifact=True, instanttensor_in_every_image=True),
 )
 
 SUPPORTED: tuple[EngineProfile, ...] = (V0_22, V0_24, V0_26, V0_29, V0_30, V0_31, V0_32, V0_33)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from stoker.api import VLLMService
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
-from stoker.render.engine import engine_invocation
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     COMPONENT_SERVER,
@@ -17,6 +16,7 @@ from stoker.render.names import (
     server_selector_labels,
 )
 from stoker.render.pods import pod_metadata, pod_spec
+from stoker.render.prefetch import serving_invocation
 
 # The Deployment controller flags a rollout as stalled after this long; a cold compile can take most of it.
 PROGRESS_DEADLINE_SECONDS = 3600
@@ -48,7 +48,7 @@ def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {
                 "metadata": pod_metadata(svc, pod_labels, annotations),
-                "spec": pod_spec(svc, "serve", engine_invocation(svc, "serve")),
+                "spec": pod_spec(svc, "serve", serving_invocation(svc)),
             },
         },
     }

@@ -11,11 +11,15 @@ seed's facts reader), so the vLLM image needs no stoker: only python3.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
 import threading
 from collections.abc import Callable
+
+from stoker.api import VLLMService
+from stoker.render.engine import EngineInvocation, engine_invocation, model_string, reads_ahead
 
 
 def read_ahead(
@@ -127,3 +131,14 @@ def read_ahead_command(paths: list[str], libraries: bool, caches: tuple[str, ...
     """The command that runs READ_AHEAD_PROGRAM over `paths` (and `caches`); the server's argv follows."""
     options = [*(["--libraries"] if libraries else []), *(a for cache in caches for a in ("--cache", cache))]
     return ["python3", "-c", READ_AHEAD_PROGRAM, *options, *paths, "--"]
+
+
+def serving_invocation(svc: VLLMService) -> EngineInvocation:
+    """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
+    `reads_ahead` says so. The wrapper is outside the compile-cache key's factors (render.cachekey reads
+    engine_invocation): it changes what is in the page cache, not what vLLM compiles."""
+    engine = engine_invocation(svc, "serve")
+    if not reads_ahead(svc):
+        return engine
+    wrapper = read_ahead_command([model_string(svc)], libraries=False)
+    return dataclasses.replace(engine, command=[*wrapper, *engine.command])
