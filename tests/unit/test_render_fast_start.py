@@ -141,6 +141,5 @@ def test_streamer_options_with_another_format_are_refused() -> None:
     with pytest.raises(ValueError, match="apply only to format runai_streamer"):
         service(**{"coldStart.loader": {"format": "instanttensor", "concurrency": 8}})
     with pytest.raises(ValueError, match=r"model\.source\.s3 needs"):
-        service(
-            **{"model.source": {"s3": {"uri": "s3://bucket/m"}}, "coldStart.loader": {"format": "instanttensor"}}
-        )
+        s3 = {"s3": {"uri": "s3://bucket/m"}}
+        service(**{"model.source": s3, "coldStart.loader": {"format": "instanttensor"}})
