@@ -34,9 +34,12 @@ CMD ["run"]
 FROM ${VLLM_IMAGE} AS runtime
 ARG VLLM_VERSION=0.26.0
 ARG RUNAI_STREAMER_VERSION=0.16.1
-# The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`.
+ARG INSTANTTENSOR_VERSION=0.2.2
+# The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`, and InstantTensor
+# (vllm[instanttensor]) for `--load-format instanttensor`, which stoker renders for weights on a volume.
 RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \
-    && python3 -c "import runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
+        "instanttensor==${INSTANTTENSOR_VERSION}" \
+    && python3 -c "import instanttensor, runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
 # stoker.guard, the middleware that keeps vLLM's sleep endpoints to the operator (standby replicas): the
 # stoker wheel alone, without its dependencies, as the guard needs only the standard library.
 RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \

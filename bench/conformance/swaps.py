@@ -17,6 +17,9 @@ The container's command, args and env are otherwise run exactly as rendered. The
   sources, which the image ships for stoker.guard).
 - GPU-only parts: `nvidia.com/gpu` limits, probes and mounts are pod fields, not part of the process, so
   they fall away by themselves; `--cudagraph-capture-sizes` stays (the CPU platform accepts and empties it).
+  `--load-format instanttensor` (rendered for weights on a volume) becomes `auto`, vLLM's default loader:
+  InstantTensor refuses to run without CUDA ("InstantTensor requires NVIDIA GPUs"). The read-ahead wrapper
+  stays as rendered (it reads the rendered model path, which the swap leaves absent: nothing to read).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from stoker.render.engine import MODEL_CACHE_MOUNT_PATH
 
 STOKER_SOURCES = Path(__file__).resolve().parents[2] / "src"
 SERVE_SUBCOMMAND = "serve"
+# GPU-only load formats and what a CPU process loads with instead.
+CPU_LOAD_FORMATS = {"instanttensor": "auto"}
 CPU_KV_CACHE_GIB = "1"
 
 
@@ -58,6 +63,8 @@ def local_argv(argv: list[str], run: LocalRun) -> list[str]:
             arg = str(run.model_dir)
         elif previous == "--port":
             arg = str(run.port)
+        elif previous == "--load-format":
+            arg = CPU_LOAD_FORMATS.get(arg, arg)
         elif f"127.0.0.1:{PORT}" in arg:
             arg = arg.replace(f"127.0.0.1:{PORT}", f"127.0.0.1:{run.port}")
         swapped.append(arg)

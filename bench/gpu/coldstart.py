@@ -4,7 +4,7 @@ four modes that share one harness (harness.py) and one launcher (launch.sh).
 Profiles (default). Per repetition, in this order: `stock` (plain `vllm serve`, empty caches), `stoker-seed`
 (the seed Job's invocation, run until it stops itself; with --seed-once, in the first repetition only), then
 each serving profile (`stoker` and the --required ones first, then the levers in profiles.VARIANTS) on a
-fresh copy of the cache the seed left (the seed also gets the variables a lever names as its seed_env).
+fresh copy of the cache the seed left.
 Ready time is the first 200 from /health, counted from process start; then one
 completion (latency) and one streamed 256-token completion (decode tokens/s), so no profile buys startup
 with serving speed unnoticed. Logs: OUT/logs/r<rep>-<profile>.log.
@@ -193,8 +193,7 @@ def main() -> None:
 def profiles(args: argparse.Namespace, out: Path) -> None:
     svc = load_service(args.manifest)
     names, repetitions = args.profiles.split(","), args.repetitions
-    # One seed invocation for the whole run: a plan override that drops a lever later leaves it as it was.
-    seed = seed_invocation(svc, tuple(names))
+    seed = seed_invocation(svc)
     budget = Budget(args.stop_after, ESTIMATE_S)
     # The runs every repetition needs; a lever runs only if the later repetitions' required runs still fit.
     kept = [DEFAULT_PROFILE, *(name for name in args.required.split(",") if name and name != DEFAULT_PROFILE)]

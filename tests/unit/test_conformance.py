@@ -61,6 +61,14 @@ def test_swaps_touch_only_the_model_the_port_and_the_mounts():
     assert "HF_TOKEN" not in local_env(containers["gated-token/serve"], RUN)  # from a Secret: dropped
 
 
+def test_a_gpu_only_loader_becomes_the_cpu_default_and_the_read_ahead_wrapper_stays():
+    original = container_argv(rendered_containers("0.26.0")["model-cache/serve"])
+    assert original[original.index("--load-format") + 1] == "instanttensor"
+    swapped = local_argv(original, RUN)
+    assert swapped[swapped.index("--load-format") + 1] == "auto"
+    assert swapped[:4] == original[:4] and swapped[0] == "python3"  # the read-ahead, as rendered
+
+
 def _timeline(phases: dict[str, float], total: float, cache: str = "miss") -> StartupTimeline:
     return StartupTimeline(phases=phases, total_seconds=total, compile_cache=cache, ready=True)  # type: ignore[arg-type]
 

@@ -102,7 +102,7 @@ def test_operator_is_a_slim_python_running_the_project_wheel_as_non_root() -> No
     assert "8080" in (operator.last("EXPOSE") or "") and "8081" in (operator.last("EXPOSE") or "")
 
 
-def test_runtime_is_the_supported_vllm_with_the_streamer_and_bytecode() -> None:
+def test_runtime_is_the_supported_vllm_with_the_streamer_instanttensor_and_bytecode() -> None:
     stages = parse()
     runtime = stages["runtime"]
     assert runtime.base == f"vllm/vllm-openai:v{VLLM_VERSION}"
@@ -111,6 +111,9 @@ def test_runtime_is_the_supported_vllm_with_the_streamer_and_bytecode() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", stage_args["RUNAI_STREAMER_VERSION"])
     install = " ".join(runtime.all("RUN"))
     assert '"runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}"' in install
+    # The renderer picks --load-format instanttensor for this image (render.engine.load_format).
+    assert re.fullmatch(r"\d+\.\d+\.\d+", stage_args["INSTANTTENSOR_VERSION"])
+    assert '"instanttensor==${INSTANTTENSOR_VERSION}"' in install and "import instanttensor" in install
     assert "compileall" in install and "--invalidation-mode unchecked-hash" in install
     # The build fails if the base image's vLLM is not the supported one.
     assert "vllm.__version__ == '${VLLM_VERSION}'" in install
@@ -262,6 +265,22 @@ def test_the_runtime_streamer_pin_exists_for_the_image_python(tmp_path: Path) ->
         timeout=300,
     )
     assert len(list(tmp_path.glob("runai_model_streamer*.whl"))) == 4
+
+
+def test_the_runtime_instanttensor_pin_exists_for_the_image_python(tmp_path: Path) -> None:
+    stages = parse()
+    version = dict(arg.partition("=")[::2] for arg in stages["runtime"].all("ARG"))["INSTANTTENSOR_VERSION"]
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps"),
+            *("--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64"),
+            *("--dest", str(tmp_path), f"instanttensor=={version}"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert len(list(tmp_path.glob("instanttensor-*.whl"))) == 1
 
 
 def test_the_wheel_carries_the_version_of_pyproject(operator_venv: Path) -> None:

@@ -98,11 +98,11 @@ def test_weights_not_on_a_volume_keep_the_streamer_and_are_not_read_ahead() -> N
 def test_read_ahead_can_be_switched_either_way() -> None:
     direct = service(**{"coldStart.loader": {"readAhead": False}})
     assert (load_format(direct), reads_ahead(direct)) == ("instanttensor", False)
-    assert "INSTANTTENSOR_BACKEND" not in engine_invocation(direct, "serve").env
+    assert "INSTANTTENSOR_BACKEND" not in serving_invocation(direct).env
     assert serving_invocation(direct).command == ["vllm", "serve"]
     streamer = service(**{"coldStart.loader": {"format": "runai_streamer", "readAhead": True}})
     assert reads_ahead(streamer) and serving_invocation(streamer).command[0] == "python3"
-    assert "INSTANTTENSOR_BACKEND" not in engine_invocation(streamer, "serve").env
+    assert "INSTANTTENSOR_BACKEND" not in serving_invocation(streamer).env
 
 
 def test_the_startup_plan_is_on_for_seed_and_serving_where_the_engine_has_it() -> None:
@@ -135,6 +135,7 @@ def test_the_deployment_runs_the_serving_invocation_and_the_seed_loads_dummy_wei
     seed_args = seed_job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert flag(seed_args, "--load-format") == "dummy"
     assert READ_AHEAD_PROGRAM not in seed_args
+    assert "INSTANTTENSOR_BACKEND" not in engine_invocation(svc, "seed").env
 
 
 def test_streamer_options_with_another_format_are_refused() -> None:

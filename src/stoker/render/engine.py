@@ -123,9 +123,6 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # The seed writes the plan under VLLM_CACHE_ROOT/startup_plan/, serving pods whose GPU and config
         # match apply it and skip memory profiling. Ignored by the key.
         env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
-    if load_format(svc) == INSTANTTENSOR and reads_ahead(svc):
-        # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
-        env["INSTANTTENSOR_BACKEND"] = "BUFFERED"
     if svc.spec.cold_start.standby is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # ignored by the key
     if svc.spec.cold_start.model_cache.enabled:

@@ -19,7 +19,14 @@ import threading
 from collections.abc import Callable
 
 from stoker.api import VLLMService
-from stoker.render.engine import EngineInvocation, engine_invocation, model_string, reads_ahead
+from stoker.render.engine import (
+    INSTANTTENSOR,
+    EngineInvocation,
+    engine_invocation,
+    load_format,
+    model_string,
+    reads_ahead,
+)
 
 
 def read_ahead(
@@ -141,4 +148,8 @@ def serving_invocation(svc: VLLMService) -> EngineInvocation:
     if not reads_ahead(svc):
         return engine
     wrapper = read_ahead_command([model_string(svc)], libraries=False)
-    return dataclasses.replace(engine, command=[*wrapper, *engine.command])
+    env = dict(engine.env)
+    if load_format(svc) == INSTANTTENSOR:
+        # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
+        env["INSTANTTENSOR_BACKEND"] = "BUFFERED"
+    return dataclasses.replace(engine, command=[*wrapper, *engine.command], env=env)
