@@ -151,5 +151,5 @@ def serving_invocation(svc: VLLMService) -> EngineInvocation:
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
-        env["INSTANTTENSOR_BACKEND"] = "BUFFERED"
+        env.setdefault("INSTANTTENSOR_BACKEND", "BUFFERED")  # runtime.env wins
     return dataclasses.replace(engine, command=[*wrapper, *engine.command], env=env)
