@@ -265,7 +265,12 @@ def main() -> None:
 
 
 def gzip_copy(source: Path, target: Path) -> None:
-    with source.open("rb") as src, gzip.open(target, "wb") as dst:
+    # mtime 0: a rerun over the same run writes the same bytes.
+    with (
+        source.open("rb") as src,
+        target.open("wb") as raw,
+        gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as dst,
+    ):
         shutil.copyfileobj(src, dst)
 
 
