@@ -4,9 +4,13 @@ Every log is parsed with `stoker.phases.parse_log`, the parser the operator runs
 in the results are the ones the operator would report. Needs matplotlib for the chart.
 
 usage: PYTHONPATH=src python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchmarks/gpu-coldstart.md]
+                                                    [--rename OLD=NEW,...]
   RUN_DIR holds runs.jsonl, host.json, model.json and logs/ (as coldstart.py writes them), and driver*.log
-  if there is one; NAME is the results' base name, e.g. coldstart-h100-v0.26.0: bench/results/NAME.json,
-  NAME.png, NAME-logs/. --doc replaces the table between `<!-- results-table:NAME:begin -->` and `:end -->`.
+  and importtime*.txt if there are any; NAME is the results' base name, e.g. coldstart-h100-v0.26.0:
+  bench/results/NAME.json, NAME.png, NAME-logs/. --doc replaces the table between
+  `<!-- results-table:NAME:begin -->` and `:end -->`. --rename gives profiles the names they have now when
+  the renderer changed after the run (e.g. a measured lever became the default): it applies to every record
+  before anything else, the logs are copied under the new names, and the JSON keeps the map as "renamed".
 """
 
 from __future__ import annotations
@@ -66,17 +70,21 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             by_profile.setdefault(run["profile"], []).append(run)
     ready = {(r["profile"], r["repetition"]): r["readySeconds"] for r in runs}
     decode = {(r["profile"], r["repetition"]): r["decodeTokensPerSecond"] for r in runs}
+
+    def decode_change(profile: str, reps: list[int], baseline: str) -> list[float]:
+        """`profile`'s decode speed against `baseline`'s in the same repetitions, as fractions."""
+        return [
+            round(decode[(profile, rep)] / decode[(baseline, rep)] - 1, 4)
+            for rep in reps
+            if decode.get((baseline, rep)) and decode.get((profile, rep))
+        ]
+
     summary = {}
     for profile, group in by_profile.items():
         times = [r["readySeconds"] for r in group]
         reps = [r["repetition"] for r in group]
         paired = [ready[("stock", rep)] / ready[(profile, rep)] for rep in reps if ready.get(("stock", rep))]
         rates = [r["decodeTokensPerSecond"] for r in group if r["decodeTokensPerSecond"]]
-        decode_change = [
-            decode[(profile, rep)] / decode[("stoker", rep)] - 1
-            for rep in reps
-            if decode.get(("stoker", rep)) and decode.get((profile, rep))
-        ]
         summary[profile] = {
             "runs": len(group),
             "readySecondsMean": round(statistics.mean(times), 2),
@@ -93,7 +101,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "compileCache": sorted({r["compileCache"] for r in group}),
             "firstCompletionSecondsMean": mean_or_none([r["firstCompletionSeconds"] for r in group]),
             "decodeTokensPerSecondMean": round(statistics.mean(rates), 2) if rates else None,
-            "decodeChangeVsStokerPaired": [round(x, 4) for x in decode_change],
+            "decodeChangeVsStokerPaired": decode_change(profile, reps, DEFAULT_PROFILE),
+            "decodeChangeVsStockPaired": decode_change(profile, reps, "stock"),
         }
     if "stock" in summary:
         stock_median = summary["stock"]["readySecondsMedian"]
@@ -182,35 +191,51 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def renames(text: str) -> dict[str, str]:
+    """`OLD=NEW,...` as a map; argparse reports the ValueError of a malformed pair."""
+    pairs = [pair.split("=") for pair in text.split(",") if pair]
+    if any(len(pair) != 2 or not all(pair) for pair in pairs):
+        raise ValueError(text)
+    return dict(pairs)
+
+
+def renamed(records: list[dict[str, Any]], names: dict[str, str]) -> list[dict[str, Any]]:
+    """`records` with their profiles renamed; each keeps the name it ran under in "ranAs" for its log."""
+    missing = set(names) - {r["profile"] for r in records}
+    if missing:
+        raise SystemExit(f"--rename: no runs of {', '.join(sorted(missing))}")
+    result = [{**r, "profile": names.get(r["profile"], r["profile"]), "ranAs": r["profile"]} for r in records]
+    keys = [(r["profile"], r["repetition"]) for r in result]
+    if len(set(keys)) != len(keys):
+        raise SystemExit(f"--rename {names}: two profiles would share a name")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("name")
     parser.add_argument("--doc", type=Path, help="markdown file whose results table to replace")
     parser.add_argument("--title", help="chart title (default: the vLLM version and GPU of host.json)")
+    parser.add_argument("--rename", type=renames, default={}, help="OLD=NEW,...: profiles to rename")
     args = parser.parse_args()
-    records = [json.loads(line) for line in (args.run_dir / "runs.jsonl").read_text().splitlines() if line]
+    lines = (args.run_dir / "runs.jsonl").read_text().splitlines()
+    records = renamed([json.loads(line) for line in lines if line], args.rename)
     logs_out = RESULTS / f"{args.name}-logs"
     shutil.rmtree(logs_out, ignore_errors=True)
     logs_out.mkdir(parents=True)
     runs = []
     for record in records:
-        log_name = f"r{record['repetition']}-{record['profile']}.log"
-        runs.append(run_entry(record, args.run_dir / "logs" / log_name))
-        with (
-            (args.run_dir / "logs" / log_name).open("rb") as src,
-            gzip.open(logs_out / f"{log_name}.gz", "wb") as dst,
-        ):
-            shutil.copyfileobj(src, dst)
-    # driver*.log: the driver's own output, one file per invocation when a run was extended.
+        source = args.run_dir / "logs" / f"r{record['repetition']}-{record['ranAs']}.log"
+        runs.append(run_entry(record, source))
+        gzip_copy(source, logs_out / f"r{record['repetition']}-{record['profile']}.log.gz")
+    # driver*.log: the driver's own output, one file per invocation when a run was extended. Raw files keep
+    # the names the run used.
     for raw in ["runs.jsonl", "host.json", "model.json", *(p.name for p in args.run_dir.glob("driver*.log"))]:
         shutil.copy(args.run_dir / raw, logs_out / raw)
-    if (args.run_dir / "importtime.txt").exists():
-        with (
-            (args.run_dir / "importtime.txt").open("rb") as src,
-            gzip.open(logs_out / "importtime.txt.gz", "wb") as dst,
-        ):
-            shutil.copyfileobj(src, dst)
+    # importtime*.txt: `python -X importtime` of the API server's imports (cold page cache, then warm).
+    for imports in args.run_dir.glob("importtime*.txt"):
+        gzip_copy(imports, logs_out / f"{imports.name}.gz")
     host = json.loads((args.run_dir / "host.json").read_text())
     model = json.loads((args.run_dir / "model.json").read_text())
     summary = summarize(runs)
@@ -219,6 +244,7 @@ def main() -> None:
         "model": {"description": MODEL, "bytes": model["bytes"]},
         "vllm": host["vllm"],
         "default": DEFAULT_PROFILE,
+        **({"renamed": args.rename} if args.rename else {}),
         "host": host,
         "profiles": {r["profile"]: {"argv": r["argv"], "env": r["env"]} for r in records},
         "summary": summary,
@@ -236,6 +262,16 @@ def main() -> None:
         before, rest = text.split(begin, 1)
         _, after = rest.split(end, 1)
         args.doc.write_text(f"{before}{begin}\n{markdown}\n{end}{after}")
+
+
+def gzip_copy(source: Path, target: Path) -> None:
+    # mtime 0: a rerun over the same run writes the same bytes.
+    with (
+        source.open("rb") as src,
+        target.open("wb") as raw,
+        gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as dst,
+    ):
+        shutil.copyfileobj(src, dst)
 
 
 if __name__ == "__main__":
