@@ -1,0 +1,33 @@
+"""The GPU results' `default` profile is what stoker renders now: every serving profile recorded in the
+latest H100 run is rendered again from the run's manifest by bench/gpu/profiles.py (stoker's builders) and
+must give the very argv and environment that ran. A renderer change that moves away from the measured
+start fails here until it is measured again."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results" / "coldstart-h100-v0.26.0-fast.json"
+MANIFEST = REPO / "bench" / "gpu" / "llama-8b.json"
+
+
+def test_the_measured_default_and_levers_are_rendered_as_they_ran(monkeypatch) -> None:
+    # bench/gpu's modules import each other by their flat names, as the GPU host runs them.
+    monkeypatch.syspath_prepend(str(REPO / "bench" / "gpu"))
+    profiles = importlib.import_module("profiles")
+    results = json.loads(RESULTS.read_text())
+    assert results["default"] == profiles.DEFAULT_PROFILE == "stoker"
+    svc = profiles.load_service(str(MANIFEST))
+    serving = {name: ran for name, ran in results["profiles"].items() if name not in ("stock", "stoker-seed")}
+    assert {"stoker", "stoker-previous"} <= set(serving)
+    for name, ran in serving.items():
+        rendered = profiles.serve_invocation(svc, name)
+        assert (rendered.argv, rendered.env) == (ran["argv"], ran["env"]), name
+    seed = profiles.seed_invocation(svc)
+    assert (seed.argv, seed.env) == (
+        results["profiles"]["stoker-seed"]["argv"],
+        results["profiles"]["stoker-seed"]["env"],
+    )
