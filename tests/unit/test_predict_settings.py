@@ -11,6 +11,7 @@ from stoker.predict import EngineSettings, engine_settings, regime_of
 from stoker.predict.service import hardware_class, service_settings
 from stoker.render import build_deployment
 from stoker.render.engine import load_format
+from stoker.render.prefetch import READ_AHEAD_PROGRAM, read_ahead_command
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 from tests.unit.test_render_fast_start import service as on_a_volume
@@ -73,6 +74,17 @@ def test_serving_pods_under_the_read_ahead_read_as_their_deployment_runs_them() 
     assert (from_pod.loader, from_pod.read_ahead, from_pod.forked_engine) == ("instanttensor", True, True)
     # The seed Job runs vLLM without the read-ahead.
     assert not service_settings(svc, "miss", "seed").read_ahead
+
+
+def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() -> None:
+    serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
+    today = engine_settings([*read_ahead_command(["/models/m"], False), *serve], {}, "hit", "0.26.0")
+    earlier = READ_AHEAD_PROGRAM.replace("readers: int = 8", "readers: int = 1")
+    assert earlier != READ_AHEAD_PROGRAM
+    recorded = engine_settings(["python3", "-c", earlier, "/models/m", "--", *serve], {}, "hit", "0.26.0")
+    assert today.read_ahead and recorded.read_ahead
+    other = engine_settings(["python3", "-c", "import os", "--", *serve], {}, "hit", "0.26.0")
+    assert not other.read_ahead
 
 
 @pytest.mark.parametrize(

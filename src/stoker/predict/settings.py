@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from stoker.engines import EngineProfile, profile_for
 from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
-from stoker.render.prefetch import READ_AHEAD_PROGRAM
+from stoker.render import prefetch
 
 _COMPILATION_CONFIG = ("--compilation-config", "-cc")
 _OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
 _TENSOR_PARALLEL_SHORT = "-tp"
 _MAX_NUM_SEQS = "--max-num-seqs"
+# What every revision of READ_AHEAD_PROGRAM holds (it embeds this function's source): a recorded run's argv
+# carries the program of its day.
+_READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -90,7 +93,7 @@ def _serve_arguments(args: Sequence[str]) -> list[str]:
 
 def _reads_ahead(args: Sequence[str]) -> bool:
     """Whether `args` runs vLLM under the read-ahead: `python3 -c READ_AHEAD_PROGRAM ... -- vllm serve`."""
-    return len(args) > 2 and args[1] == "-c" and args[2] == READ_AHEAD_PROGRAM
+    return len(args) > 2 and args[1] == "-c" and _READ_AHEAD_DEFINITION in args[2]
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
