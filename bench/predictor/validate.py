@@ -1,7 +1,7 @@
 """Validate the startup predictor as the paper did: fit on some shapes, predict the held-out ones.
 
 usage: python -m bench.predictor.validate RUNS_DIR --hardware KEY [--out FILE] [--coefficients-out FILE]
-         [--note TEXT]
+         [--note TEXT] [--other-host RUNS_DIR]...
 
 RUNS_DIR/runs.jsonl holds one line per start: {"shape", "profile", "rep", "log" (relative to RUNS_DIR,
 plain or .gz), "facts" (read_model_facts), "settings" (EngineSettings)}. Each log is parsed with
@@ -14,11 +14,15 @@ is compared with the same span. Kubernetes phases (scheduling, image pull) are n
 held-out shapes, write {"fittedOn", "heldOut": [...], "logs", "summary", "coefficients"} and print a table.
 --coefficients-out: fit on every start and write the shipped coefficient set, its observations included.
 --note: added to `fittedOn` of both, for what a reader must know about the fit (e.g. one shape only).
+--other-host: starts of the same hardware class on another host (hosts differ in speed: a slower disk and
+CPU stretch every phase). They are fitted only in the regimes RUNS_DIR's starts never ran (e.g. a loader
+the sweep did not have), so that the fits the sweep measured stay one host's; they are never held out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import statistics
@@ -32,6 +36,7 @@ from bench.predictor.shapes import SHAPES
 
 from stoker.phases import ENGINE_PHASES, parse_log
 from stoker.predict import (
+    PHASE_MODELS,
     EngineSettings,
     HardwareClass,
     ModelFacts,
@@ -39,6 +44,7 @@ from stoker.predict import (
     fit,
     logged_settings,
     predict,
+    regime_of,
 )
 
 TOTAL = "total"
@@ -93,12 +99,34 @@ def load_runs(runs_dir: Path) -> list[Run]:
     return runs
 
 
+def new_regimes_only(runs: Sequence[Run], other_host: Sequence[Run]) -> list[Run]:
+    """`other_host`'s starts cut to the phases whose regime none of `runs` ran; starts left with none go."""
+
+    def regime(run: Run, phase: str) -> tuple[str, str]:
+        return phase, regime_of(phase, run.observation.settings)
+
+    ran = {regime(run, phase) for run in runs for phase in run.observation.phases if phase in PHASE_MODELS}
+    kept = []
+    for run in other_host:
+        phases = {
+            phase: seconds
+            for phase, seconds in run.observation.phases.items()
+            if phase in PHASE_MODELS and regime(run, phase) not in ran
+        }
+        if phases:
+            observation = run.observation.model_copy(update={"phases": phases})
+            kept.append(dataclasses.replace(run, observation=observation))
+    return kept
+
+
 def shapes_of(runs: Sequence[Run], note: str | None = None) -> list[str]:
     return [*sorted({run.shape for run in runs}), *([note] if note else [])]
 
 
-def validation(runs: Sequence[Run], hardware: str, logs: str, note: str | None = None) -> dict[str, Any]:
-    fitted = [run for run in runs if not run.held_out]
+def validation(
+    runs: Sequence[Run], hardware: str, logs: str, note: str | None = None, other_host: Sequence[Run] = ()
+) -> dict[str, Any]:
+    fitted = [*(run for run in runs if not run.held_out), *new_regimes_only(runs, other_host)]
     if not fitted:
         raise SystemExit("no start of a fitted (not held-out) shape in runs.jsonl: nothing to fit on")
     fitted_on = shapes_of(fitted, note)
@@ -216,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="validation results (bench/results/predictor-<hw>.json)")
     parser.add_argument("--coefficients-out", type=Path, help="shipped set fitted on every start")
     parser.add_argument("--note", help="added to fittedOn")
+    parser.add_argument(
+        "--other-host",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="RUNS_DIR",
+        help="starts on another host, fitted only in regimes RUNS_DIR lacks (repeatable)",
+    )
     arguments = parser.parse_args(argv)
     if arguments.out is None and arguments.coefficients_out is None:
         parser.error("nothing to write: give --out, --coefficients-out or both")
@@ -224,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     runs = load_runs(arguments.runs_dir)
+    other_host = [run for runs_dir in arguments.other_host for run in load_runs(runs_dir)]
+    logs = ", ".join(str(runs_dir) for runs_dir in [arguments.runs_dir, *arguments.other_host])
     if arguments.out is not None:
-        document = validation(runs, hardware, str(arguments.runs_dir), arguments.note)
+        document = validation(runs, hardware, logs, arguments.note, other_host)
         write_json(arguments.out, document)
         print(table(document))
     if arguments.coefficients_out is not None:
-        observations = [run.observation for run in runs]
-        fitted_on = shapes_of(runs, arguments.note)
+        fitted = [*runs, *new_regimes_only(runs, other_host)]
+        observations = [run.observation for run in fitted]
+        fitted_on = shapes_of(fitted, arguments.note)
         shipped = fit(observations, hardware=hardware, source="shipped", fitted_on=fitted_on)
         write_json(
             arguments.coefficients_out,

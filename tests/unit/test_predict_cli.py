@@ -4,10 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stoker.cli import main as stoker_main
 from stoker.predict.cli import EXIT_INVALID, EXIT_UNREADABLE, main
 from tests.unit.test_predict_facts import LLAMA_CONFIG, write_model
+from tests.unit.test_render_fast_start import ON_A_VOLUME
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -40,6 +42,19 @@ def test_json_with_a_service_file_and_a_cold_cache(
     assert "compile" in prediction["phases"] and "compileLoad" not in prediction["phases"]
     assert prediction["totalSeconds"] == pytest.approx(sum(prediction["phases"].values()), abs=0.01)
     assert document["facts"]["layers"] == LLAMA_CONFIG["num_hidden_layers"]
+
+
+def test_weights_on_a_volume_are_predicted_read_ahead_with_instanttensor(
+    model_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "on-a-volume.yaml"
+    manifest.write_text(yaml.safe_dump(ON_A_VOLUME))
+    assert main([model_dir, "-f", str(manifest), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["settings"]["readAhead"] and document["settings"]["loader"] == "instanttensor"
+    assert document["regimes"]["bootstrap"] == "readahead=on"
+    assert document["regimes"]["weightLoad"] == "loader=instanttensor,readahead"
+    assert not document["prediction"]["fallbacks"]
 
 
 def test_an_eager_service_compiles_nothing(model_dir: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,7 +77,7 @@ def test_fit_recovers_the_coefficients_it_was_made_from() -> None:
     graph_capture = coefficients.phases["graphCapture"]["all"]
     for name, weight in TRUE_GRAPH_CAPTURE.weights.items():
         assert graph_capture.weights[name] == pytest.approx(weight, abs=1e-5)
-    assert coefficients.phases["bootstrap"]["all"].intercept == pytest.approx(17.0)
+    assert coefficients.phases["bootstrap"]["readahead=off"].intercept == pytest.approx(17.0)
     # A shape it never saw is predicted exactly: the phases are linear in the features.
     unseen = facts(20, 3072)
     settings = SERVING.model_copy(update={"capture_sizes": 11})
@@ -168,7 +168,7 @@ def test_a_phase_the_set_never_saw_is_not_predicted() -> None:
     cpu = CoefficientSet(
         hardware="cpu_x0_v0.26",
         source="shipped",
-        phases={"bootstrap": {"all": PhaseFit(intercept=30.0, samples=2)}},
+        phases={"bootstrap": {"readahead=off": PhaseFit(intercept=30.0, samples=2)}},
     )
     assert predict(SHAPES[0], SERVING, cpu).phases == {"bootstrap": 30.0}
 
@@ -198,7 +198,7 @@ def test_an_expected_hit_where_kept_caches_never_load_is_predicted_as_they_run_t
                 "cache=miss": PhaseFit(intercept=60.0, samples=4),
                 "cache=miss,kept": PhaseFit(intercept=29.0, samples=4),
             },
-            "bootstrap": {"all": PhaseFit(intercept=20.0, samples=8)},
+            "bootstrap": {"readahead=off": PhaseFit(intercept=20.0, samples=8)},
         },
     )
     prediction = predict(SHAPES[0], SERVING, cpu)

@@ -38,7 +38,7 @@ PRIOR = CoefficientSet(
     hardware=H100.key,
     source="shipped",
     phases={
-        "bootstrap": {"all": PhaseFit(intercept=20.0, samples=10)},
+        "bootstrap": {"readahead=off": PhaseFit(intercept=20.0, samples=10)},
         "weightLoad": {
             "loader=runai_streamer": PhaseFit(intercept=1.0, weights={"checkpointGB": 0.5}, samples=10)
         },

@@ -7,11 +7,14 @@ import yaml
 
 from stoker.api import VLLMService
 from stoker.engines import DEFAULT_ENGINE_VERSION, profile_for
-from stoker.predict import EngineSettings, engine_settings
+from stoker.predict import EngineSettings, engine_settings, regime_of
 from stoker.predict.service import hardware_class, service_settings
+from stoker.render import build_deployment
 from stoker.render.engine import load_format
+from stoker.render.prefetch import READ_AHEAD_PROGRAM, read_ahead_command
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
+from tests.unit.test_render_fast_start import service as on_a_volume
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -56,6 +59,54 @@ def test_the_seed_job_wrapper_argv_reads_as_its_vllm_serve() -> None:
         [*invocation.command, *invocation.args], invocation.env, "miss", DEFAULT_ENGINE_VERSION
     )
     assert (settings.loader, settings.cache_state, settings.compiled) == ("dummy", "miss", True)
+    assert not settings.read_ahead
+
+
+def test_serving_pods_under_the_read_ahead_read_as_their_deployment_runs_them() -> None:
+    svc = on_a_volume()
+    container = build_deployment(svc)["spec"]["template"]["spec"]["containers"][0]
+    env = {variable["name"]: variable["value"] for variable in container["env"] if "value" in variable}
+    from_pod = engine_settings(
+        [*container["command"], *container["args"]], env, "hit", DEFAULT_ENGINE_VERSION
+    )
+    assert container["command"][:2] == ["python3", "-c"]
+    assert rendered(svc) == from_pod
+    assert (from_pod.loader, from_pod.read_ahead, from_pod.forked_engine) == ("instanttensor", True, True)
+    # The seed Job runs vLLM without the read-ahead.
+    assert not service_settings(svc, "miss", "seed").read_ahead
+
+
+def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() -> None:
+    serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
+    today = engine_settings([*read_ahead_command(["/models/m"], False), *serve], {}, "hit", "0.26.0")
+    earlier = READ_AHEAD_PROGRAM.replace("readers: int = 8", "readers: int = 1")
+    assert earlier != READ_AHEAD_PROGRAM
+    recorded = engine_settings(["python3", "-c", earlier, "/models/m", "--", *serve], {}, "hit", "0.26.0")
+    assert today.read_ahead and recorded.read_ahead
+    other = engine_settings(["python3", "-c", "import os", "--", *serve], {}, "hit", "0.26.0")
+    assert not other.read_ahead
+
+
+@pytest.mark.parametrize(
+    ("loader", "read_ahead", "bootstrap", "weight_load"),
+    [
+        ({}, True, "readahead=on", "loader=instanttensor,readahead"),
+        ({"readAhead": False}, False, "readahead=off", "loader=instanttensor"),
+        (
+            {"format": "runai_streamer", "readAhead": True},
+            True,
+            "readahead=on",
+            "loader=runai_streamer,readahead",
+        ),
+        ({"format": "runai_streamer"}, False, "readahead=off", "loader=runai_streamer"),
+    ],
+)
+def test_the_read_ahead_is_a_regime_of_bootstrap_and_weight_loading(
+    loader: dict[str, object], read_ahead: bool, bootstrap: str, weight_load: str
+) -> None:
+    settings = rendered(on_a_volume(**{"coldStart.loader": loader}))
+    assert settings.read_ahead == read_ahead
+    assert (regime_of("bootstrap", settings), regime_of("weightLoad", settings)) == (bootstrap, weight_load)
 
 
 def test_eager_tensor_parallel_and_standby_examples() -> None:

@@ -46,10 +46,12 @@ def test_the_shipped_h100_set_predicts_its_own_starts() -> None:
     errors = []
     for observation in shipped.observations:
         prediction = predict(observation.facts, observation.settings, shipped)
-        measured = sum(observation.phases.values())
-        assert set(prediction.phases) == set(observation.phases), observation.label
+        # A start of another host holds only the phases it was fitted in (validate.py --other-host).
+        assert set(observation.phases) <= set(prediction.phases), observation.label
         assert not prediction.fallbacks
-        errors.append(abs(prediction.total_seconds - measured) / measured)
+        measured = sum(observation.phases.values())
+        predicted = sum(prediction.phases[phase] for phase in observation.phases)
+        errors.append(abs(predicted - measured) / measured)
     assert statistics.fmean(errors) < 0.1
 
 

@@ -157,8 +157,9 @@ def format_table(document: dict[str, Any]) -> str:
         + (f", MoE with {facts.experts} experts" if facts.moe else "")
     )
     compiled = "compiled" if settings.compiled else "not compiled"
+    loader = f"{settings.loader} (read ahead)" if settings.read_ahead else settings.loader
     lines.append(
-        f"settings: loader {settings.loader}, {compiled}, {settings.capture_sizes} capture sizes,"
+        f"settings: loader {loader}, {compiled}, {settings.capture_sizes} capture sizes,"
         f" tensor parallel {settings.tensor_parallel}, cache {settings.cache_state},"
         f" engine {'forked' if settings.forked_engine else 'spawned'}"
         + (", sleep mode" if settings.sleep_mode else "")

@@ -65,6 +65,9 @@ class EngineSettings(_Document):
     kept_cache: bool = False
     # VLLM_WORKER_MULTIPROC_METHOD=fork: the engine process is forked instead of spawned (imports once).
     forked_engine: bool = False
+    # The read-ahead wrapper (stoker.render.prefetch) pulls the checkpoint into the page cache while vLLM
+    # imports: the imports share the disk with it, and the weight loader then reads memory.
+    read_ahead: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
     engine_version: str | None = None
 

@@ -1,7 +1,8 @@
 """A VLLMService's hardware class and engine settings, as the predictor takes them.
 
 One reading for the operator (status.startup.expected) and `stoker predict -f`: the settings come from the
-invocation stoker renders for the service, the hardware class from its spec.
+invocation stoker renders for the service (for serving pods, what their Deployment runs: vLLM under the
+read-ahead where it applies), the hardware class from its spec.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from stoker.phases import CompileCache
 from stoker.predict.model import EngineSettings, HardwareClass
 from stoker.predict.settings import engine_settings
 from stoker.render import Role, engine_invocation
+from stoker.render.prefetch import serving_invocation
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # A service that names no GPU product: the class stoker's own coefficients were measured on.
@@ -30,7 +32,7 @@ def hardware_class(svc: VLLMService) -> HardwareClass:
 
 def service_settings(svc: VLLMService, cache_state: CompileCache, role: Role = "serve") -> EngineSettings:
     """The settings of the `role` pod's rendered `vllm serve`, with `cache_state` expected."""
-    invocation = engine_invocation(svc, role)
+    invocation = serving_invocation(svc) if role == "serve" else engine_invocation(svc, role)
     return engine_settings(
         invocation.argv, invocation.env, cache_state, svc.spec.runtime.resolved_engine_version
     )

@@ -1,9 +1,11 @@
 """The engine settings of a start, read from its `vllm serve` argv and environment.
 
 The same reading serves the operator (on the invocation it renders) and the benchmark drivers (on each
-run's argv, stoker's or a stock `vllm serve`). Flag spellings and vLLM's default capture sizes come from
-the engine profile of the version; vLLM's own normalisations are followed: `_` for `-` in a long flag's
-name, `--flag=value`, dotted compilation-config keys (`-cc.mode=0`), `-O0` / `-O 0`.
+run's argv, stoker's or a stock `vllm serve`). A wrapper may precede `vllm serve` in the argv: the seed's
+facts reader, or the serving pods' read-ahead (`stoker.render.prefetch`, recognised by its program).
+Flag spellings and vLLM's default capture sizes come from the engine profile of the version; vLLM's own
+normalisations are followed: `_` for `-` in a long flag's name, `--flag=value`, dotted compilation-config
+keys (`-cc.mode=0`), `-O0` / `-O 0`.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from dataclasses import dataclass, field
 from stoker.engines import EngineProfile, profile_for
 from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
+from stoker.render import prefetch
 
 _COMPILATION_CONFIG = ("--compilation-config", "-cc")
 _OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
 _TENSOR_PARALLEL_SHORT = "-tp"
 _MAX_NUM_SEQS = "--max-num-seqs"
+# What every revision of READ_AHEAD_PROGRAM holds (it embeds this function's source): a recorded run's argv
+# carries the program of its day.
+_READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -62,6 +68,7 @@ def engine_settings(
         cache_state=cache_state if compiled else "none",
         kept_cache=compiled and cache_state == "hit",
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
+        read_ahead=_reads_ahead(args),
         engine_version=engine_version,
     )
 
@@ -82,6 +89,11 @@ def _serve_arguments(args: Sequence[str]) -> list[str]:
         if args[index] == "serve" and args[index - 1].rsplit("/", 1)[-1] == "vllm":
             return list(args[index + 1 :])
     return list(args)
+
+
+def _reads_ahead(args: Sequence[str]) -> bool:
+    """Whether `args` runs vLLM under the read-ahead: `python3 -c READ_AHEAD_PROGRAM ... -- vllm serve`."""
+    return len(args) > 2 and args[1] == "-c" and _READ_AHEAD_DEFINITION in args[2]
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
