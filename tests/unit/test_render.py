@@ -47,7 +47,12 @@ BASE: dict[str, Any] = {
 
 def service(**changes: Any) -> VLLMService:
     """BASE with dotted-path overrides, e.g. service(**{"runtime.gpus": 2})."""
-    raw = copy.deepcopy(BASE)
+    return service_from(BASE, **changes)
+
+
+def service_from(base: dict[str, Any], **changes: Any) -> VLLMService:
+    """The manifest `base` with dotted-path overrides under its spec."""
+    raw = copy.deepcopy(base)
     for path, value in changes.items():
         node = raw["spec"]
         *parents, leaf = path.split(".")

@@ -3,7 +3,6 @@ the seed's startup plan; none of them moves the compile-cache key."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from stoker.api import VLLMService
 from stoker.render import build_deployment, cache_key, engine_invocation, render_children
 from stoker.render.engine import load_format, reads_ahead
 from stoker.render.prefetch import READ_AHEAD_PROGRAM, serving_invocation
+from tests.unit.test_render import service_from
 
 ON_A_VOLUME: dict[str, Any] = {
     "apiVersion": "stoker.dev/v1alpha1",
@@ -26,14 +26,7 @@ ON_A_VOLUME: dict[str, Any] = {
 
 def service(**changes: Any) -> VLLMService:
     """ON_A_VOLUME with dotted-path overrides under spec, e.g. service(**{"runtime.image": "x:0.26.0"})."""
-    raw = copy.deepcopy(ON_A_VOLUME)
-    for path, value in changes.items():
-        node = raw["spec"]
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return VLLMService.model_validate(raw)
+    return service_from(ON_A_VOLUME, **changes)
 
 
 def flag(args: list[str], name: str) -> str | None:
