@@ -2,7 +2,8 @@
 four modes that share one harness (harness.py) and one launcher (launch.sh).
 
 Profiles (default). Per repetition, in this order: `stock` (plain `vllm serve`, empty caches), `stoker-seed`
-(the seed Job's invocation, run until it stops itself; with --seed-once, in the first repetition only), then
+(the seed Job's invocation, run until it stops itself; with --seed-once, in the first repetition only; a
+profile whose spec changes the cache key gets its own seed, `stoker-seed-<profile>`), then
 each serving profile (`stoker` and the --required ones first, then the levers in profiles.VARIANTS) on a
 fresh copy of the cache the seed left.
 Ready time is the first 200 from /health, counted from process start; then one
@@ -48,6 +49,7 @@ from profiles import (
     Invocation,
     load_service,
     seed_invocation,
+    seed_key,
     serve_invocation,
     stock_invocation,
 )
@@ -58,10 +60,13 @@ from stoker.predict.facts import read_model_facts
 
 # The sweep keeps one seeded cache per shape (the model path is part of vLLM's compile-cache key).
 SHAPE_SNAPSHOTS = HOME / "seeded-caches"
+# The profiles mode keeps one per seed (a profile whose spec moves the cache key has a seed of its own).
+SEED_SNAPSHOTS = HOME / "seeded-caches-by-seed"
+SEED = "stoker-seed"
 # A later device call may write this to change the remaining plan without restarting the driver.
 PLAN_OVERRIDE = HOME / "bench-plan.json"
 # Rough durations for the time budget, replaced by the longest one seen (plus a margin).
-ESTIMATE_S = {"stock": 110.0, "stoker-seed": 130.0}
+ESTIMATE_S = {"stock": 110.0, SEED: 130.0}
 
 
 def run(
@@ -74,15 +79,19 @@ def run(
     reserve: list[str],
     shape: str | None = None,
     decode: bool = True,
+    snapshot: Path = SEED_SNAPSHOT,
 ) -> dict[str, Any] | None:
-    """One start of `inv` as profile `name`; with `shape`, the sweep's start of that shape's checkpoint."""
+    """One start of `inv` as profile `name` (a serving start on the cache `snapshot` holds); with `shape`,
+    the sweep's start of that shape's checkpoint on its own seeded cache."""
     key = f"{shape}/{name}" if shape else name
     # It must end before the stop time and still leave room for the runs in `reserve`.
-    if not budget.fits(budget.estimate(key, like=name) + sum(budget.estimate(later) for later in reserve)):
+    like = SEED if name.startswith(SEED) else name
+    if not budget.fits(budget.estimate(key, like=like) + sum(budget.estimate(later) for later in reserve)):
         skipped = {"shape": shape, "profile": name, "repetition": rep, "skipped": "time budget"}
         print(json.dumps(skipped), flush=True)
         return None
-    snapshot = SHAPE_SNAPSHOTS / shape if shape else SEED_SNAPSHOT
+    if shape:
+        snapshot = SHAPE_SNAPSHOTS / shape
     dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve", snapshot=snapshot)
     log = Path("logs") / (f"{shape}-r{rep}-{name}.log" if shape else f"r{rep}-{name}.log")
     started = time.monotonic()
@@ -127,7 +136,7 @@ def sweep_plan(shapes: list[Shape]) -> list[tuple[Shape, int, str]]:
     fitted = [shape for shape in shapes if not shape.held_out]
     held_out = [shape for shape in shapes if shape.held_out]
     once = [*fitted[:-1], *held_out, *fitted[-1:]]
-    first = [(shape, 1, name) for shape in once for name in ("stock", "stoker-seed", DEFAULT_PROFILE)]
+    first = [(shape, 1, name) for shape in once for name in ("stock", SEED, DEFAULT_PROFILE)]
     again = [*held_out, *fitted]
     return first + [(shape, 2, name) for shape in again for name in ("stock", DEFAULT_PROFILE)]
 
@@ -139,7 +148,7 @@ def sweep(manifest: str, shapes: list[Shape], out: Path, budget: Budget, decode:
         svc = shape_service(manifest, shape)
         if name == "stock":
             run(name, rep, stock_invocation(svc), out, budget, "stock", [], shape.name, decode)
-        elif name == "stoker-seed":
+        elif name == SEED:
             seeded = run(name, rep, seed_invocation(svc), out, budget, "seed", [], shape.name, decode)
             seed_cache = seed_invocation(svc).cache_mount_path
             if seeded and seeded["readySeconds"] is not None and seed_cache:
@@ -190,14 +199,29 @@ def main() -> None:
     print("done", flush=True)
 
 
+def seeds_of(svc: VLLMService, names: list[str]) -> dict[str, Invocation]:
+    """The seeds to run, by name: `stoker-seed` (the default's), which every profile with the default's
+    cache key restores, and `stoker-seed-<profile>` for a profile whose spec moves the key."""
+    seeds = {SEED: seed_invocation(svc)}
+    default_key = seed_key(svc, DEFAULT_PROFILE)
+    for name in names:
+        if seed_key(svc, name) != default_key:
+            seeds[f"{SEED}-{name}"] = seed_invocation(svc, name)
+    return seeds
+
+
+def seed_of(name: str, seeds: dict[str, Invocation]) -> str:
+    return f"{SEED}-{name}" if f"{SEED}-{name}" in seeds else SEED
+
+
 def profiles(args: argparse.Namespace, out: Path) -> None:
     svc = load_service(args.manifest)
     names, repetitions = args.profiles.split(","), args.repetitions
-    seed = seed_invocation(svc)
+    seeds = seeds_of(svc, names)
     budget = Budget(args.stop_after, ESTIMATE_S)
     # The runs every repetition needs; a lever runs only if the later repetitions' required runs still fit.
     kept = [DEFAULT_PROFILE, *(name for name in args.required.split(",") if name and name != DEFAULT_PROFILE)]
-    required = ([] if args.skip_stock else ["stock"]) + ([] if args.seed_once else ["stoker-seed"]) + kept
+    required = ([] if args.skip_stock else ["stock"]) + ([] if args.seed_once else [SEED]) + kept
     rep = args.first_repetition
     while rep <= repetitions:
         if PLAN_OVERRIDE.exists():
@@ -206,15 +230,17 @@ def profiles(args: argparse.Namespace, out: Path) -> None:
         if not args.skip_stock:
             run("stock", rep, stock_invocation(svc), out, budget, "stock", reserve=[])
         if rep == args.first_repetition or not args.seed_once:
-            seeded = run("stoker-seed", rep, seed, out, budget, "seed", reserve=[])
-            if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
-                shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
-                shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
-        if SEED_SNAPSHOT.exists():
-            # Required profiles first, so that a lever cut short by the budget leaves them measured.
-            for name in sorted(names, key=lambda name: name not in kept):
+            for seed_name, seed in seeds.items():
+                seeded = run(seed_name, rep, seed, out, budget, "seed", reserve=[])
+                if seeded and seeded["readySeconds"] is not None and seed.cache_mount_path:
+                    shutil.rmtree(SEED_SNAPSHOTS / seed_name, ignore_errors=True)
+                    shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOTS / seed_name, symlinks=True)
+        # Required profiles first, so that a lever cut short by the budget leaves them measured.
+        for name in sorted(names, key=lambda name: name not in kept):
+            snapshot = SEED_SNAPSHOTS / seed_of(name, seeds)
+            if snapshot.exists():
                 reserve = [] if name in kept else required * (repetitions - rep)
-                run(name, rep, serve_invocation(svc, name), out, budget, "serve", reserve)
+                run(name, rep, serve_invocation(svc, name), out, budget, "serve", reserve, snapshot=snapshot)
         rep += 1
 
 

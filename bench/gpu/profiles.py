@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.api import VLLMService
-from stoker.render import Role, engine_invocation, model_string
+from stoker.render import Role, cache_key, engine_invocation, model_string
 from stoker.render import seed_invocation as render_seed_invocation
 from stoker.render.engine import ENGINE_COMMAND, served_model_name
 from stoker.render.prefetch import read_ahead_command, serving_invocation
@@ -98,6 +98,13 @@ VARIANTS: dict[str, Variant] = {
         read_everything=True,
         note="stoker, reading ahead also the shared libraries and bytecode of torch, CUDA, Triton, "
         "transformers and vLLM (before the checkpoint) and the compile cache volume (after it)",
+    ),
+    # vLLM 0.26 on torch 2.11 leaves the mega AOT artifact off (on by default from torch 2.12): one artifact
+    # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
+    # On 0.22.1 a 14 s silent gap followed its load (JIT work not found in the seeded caches).
+    "stoker-mega-aot": Variant(
+        spec={"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "1"}]}},
+        note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 on its own seed and serving start",
     ),
     "stoker-spawn": Variant(
         env=SPAWN,
@@ -200,10 +207,16 @@ def seed_engine_invocation(svc: VLLMService) -> Invocation:
     return _rendered(svc, "seed", Variant())
 
 
-def seed_invocation(svc: VLLMService) -> Invocation:
-    """What the seed Job runs: the wrapper around the seed's `vllm serve`."""
-    engine = seed_engine_invocation(svc)
-    wrapped = render_seed_invocation(svc)
+def seed_key(svc: VLLMService, profile: str) -> str:
+    """stoker's compile-cache key of `profile`'s spec: profiles with the default's share its seed."""
+    return cache_key(_patched(svc, VARIANTS[profile].spec))
+
+
+def seed_invocation(svc: VLLMService, profile: str = DEFAULT_PROFILE) -> Invocation:
+    """What the seed Job of `profile`'s spec runs: the wrapper around the seed's `vllm serve`."""
+    patched = _patched(svc, VARIANTS[profile].spec)
+    engine = seed_engine_invocation(patched)
+    wrapped = render_seed_invocation(patched)
     return dataclasses.replace(engine, argv=[*wrapped.command, *wrapped.args], exits_by_itself=True)
 
 
