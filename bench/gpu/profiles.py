@@ -66,8 +66,9 @@ def _previous_with(**changes: Any) -> dict[str, Any]:
     return {"coldStart": {**PREVIOUS["coldStart"], "loader": loader, **rest}}
 
 
-# Levers measured side by side; each entry says why it might help. All reuse the seed's cache: the load
-# format, the read-ahead and VLLM_ENABLE_STARTUP_PLAN are outside vLLM's compile-cache key, as is
+# Levers measured side by side; each entry says why it might help. All but the two that say otherwise
+# (mega AOT: its own seed; sleep: compiles) reuse the default's seeded cache: the load format, the
+# read-ahead and VLLM_ENABLE_STARTUP_PLAN are outside vLLM's compile-cache key, as is
 # VLLM_WORKER_MULTIPROC_METHOD, and compilation mode 0 neither reads nor needs a compile cache.
 VARIANTS: dict[str, Variant] = {
     DEFAULT_PROFILE: Variant(note="exactly what the operator renders"),
