@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.api import VLLMService
-from stoker.render import Role, cache_key, engine_invocation, model_string
+from stoker.render import Role, cache_key, engine_invocation
 from stoker.render import seed_invocation as render_seed_invocation
-from stoker.render.engine import ENGINE_COMMAND, served_model_name
-from stoker.render.prefetch import read_ahead_command, serving_invocation
+from stoker.render.engine import served_model_name
+from stoker.render.prefetch import serving_invocation
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
@@ -48,9 +48,8 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
     compilation: dict[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
-    # The read-ahead over the runtime's shared libraries and bytecode (before the checkpoint) and the
-    # cache volume (after it), not only the checkpoint.
-    read_everything: bool = False
+    # The read-ahead's gentle-phase request size (render.prefetch.read_ahead), if not the rendered one.
+    gentle: int | None = None
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
     note: str = ""
@@ -95,10 +94,14 @@ VARIANTS: dict[str, Variant] = {
         spec=_previous_with(readAhead=True, startupPlan=True),
         note="previous + the read-ahead and the startup plan, the streamer kept",
     ),
-    "stoker-fast-all": Variant(
-        read_everything=True,
-        note="stoker, reading ahead also the shared libraries and bytecode of torch, CUDA, Triton, "
-        "transformers and vLLM (before the checkpoint) and the compile cache volume (after it)",
+    "stoker-eager": Variant(
+        gentle=0,
+        note="stoker with all eight read-ahead readers from the start (the default of 2026-11-23), not one "
+        "gentle reader until the engine process exists",
+    ),
+    "stoker-gentle-16m": Variant(
+        gentle=16 << 20,
+        note="stoker with whole 16 MiB ranges, not 4 MiB requests, in the read-ahead's gentle phase",
     ),
     # vLLM 0.26 on torch 2.11 leaves the mega AOT artifact off (on by default from torch 2.12): one artifact
     # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
@@ -185,16 +188,17 @@ def _patched(svc: VLLMService, patch: dict[str, Any]) -> VLLMService:
 
 def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     svc = _patched(svc, variant.spec)
-    rendered = serving_invocation(svc) if role == "serve" else engine_invocation(svc, role)
+    if role != "serve":
+        rendered = engine_invocation(svc, role)
+    elif variant.gentle is None:
+        rendered = serving_invocation(svc)
+    else:
+        rendered = serving_invocation(svc, variant.gentle)
     args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
     port = _flag_value(args, "--port")
     served = _flag_value(args, "--served-model-name")
-    command = list(rendered.command)
-    if variant.read_everything:
-        wrapper = read_ahead_command([model_string(svc)], True, (rendered.cache_mount_path,))
-        command = [*wrapper, *ENGINE_COMMAND]
     return Invocation(
-        argv=[*command, *args],
+        argv=[*rendered.command, *args],
         env={**rendered.env, **variant.env},
         port=int(port) if port else 8000,
         served_model_name=served or svc.spec.model.name,

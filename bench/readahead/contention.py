@@ -2,12 +2,15 @@
 
 Each trial drops the page cache, starts render.prefetch.read_ahead over a checkpoint in a reader process
 (as the serving pod's wrapper forks it: nice 10), and times a cold `import vllm.entrypoints.cli.serve` in
-the vLLM venv beside it; `none` is the import alone. Variants: readers x chunk size, and the reader's I/O
-priority (the kernel's idle class, ioprio_set, which mq-deadline and BFQ serve only when no other I/O
-waits). Prints one JSON line per trial. Needs root (drop_caches). On the GPU host the read-ahead made the
-imports ~8 s longer (bench/results/coldstart-h100-v0.26.0-fast.json); this reproduces it on a CPU VM.
+the vLLM venv beside it; `none` is the import alone. Variants: eight readers from the start, and
+read_ahead's gentle phase (one reader, one request of the given size in flight, until the imports are
+done). Prints one JSON line per trial. Needs root (drop_caches). On the GPU host eight readers from the
+start made the imports ~8 s longer (bench/results/coldstart-h100-v0.26.0-fast.json); this reproduces it
+on a CPU VM. The kernel's idle I/O class made no consistent difference
+(bench/results/readahead-contention-cpu.txt, from this script's previous revision).
 
-usage: PYTHONPATH=src python bench/readahead/contention.py [--repetitions 2] [--checkpoint-gb 6] [--venv DIR]
+usage: PYTHONPATH=src .venv/bin/python bench/readahead/contention.py [--repetitions 2] [--checkpoint-gb 6]
+       [--venv DIR]
 """
 
 from __future__ import annotations
@@ -24,26 +27,25 @@ from pathlib import Path
 from stoker.render.prefetch import read_ahead
 
 CHECKPOINT = Path("/tmp/stoker-readahead-checkpoint")
-# readers, chunk bytes, idle I/O class
-VARIANTS: dict[str, tuple[int, int, bool] | None] = {
+# The importer's mark that its imports are done: in a pod, the server forking its engine process.
+IMPORTED = Path("/tmp/stoker-readahead-imported")
+# readers, chunk bytes, gentle bytes: render.prefetch.read_ahead's parameters
+VARIANTS: dict[str, tuple[int, int, int] | None] = {
     "none": None,
-    "8x16MiB": (8, 16 << 20, False),
-    "8x16MiB-idle": (8, 16 << 20, True),
-    "4x4MiB-idle": (4, 4 << 20, True),
-    "1x4MiB-idle": (1, 4 << 20, True),
+    "8x16MiB": (8, 16 << 20, 0),
+    "gentle-1MiB": (8, 16 << 20, 1 << 20),
+    "gentle-4MiB": (8, 16 << 20, 4 << 20),
 }
 # read_ahead's own source, as the serving pod's wrapper embeds it (the reader imports nothing of stoker's).
 READER = (
-    "from __future__ import annotations\nimport ctypes, os, sys, threading, time\n\n\n"
+    "from __future__ import annotations\nimport os, sys, threading, time\n\n\n"
     + inspect.getsource(read_ahead)
     + """
-readers, chunk, idle = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "True"
-if idle:
-    # ioprio_set(IOPRIO_WHO_PROCESS, this process, IOPRIO_CLASS_IDLE << 13); threads inherit it.
-    assert ctypes.CDLL(None, use_errno=True).syscall(251, 1, 0, 3 << 13) == 0
+readers, chunk, gentle = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 os.nice(10)
 started = time.monotonic()
-read = read_ahead([sys.argv[4]], False, [], readers=readers, chunk=chunk)
+imported = lambda: os.path.exists(sys.argv[5])
+read = read_ahead([sys.argv[4]], readers, chunk, gentle, imported)
 print(round(time.monotonic() - started, 2), read)
 """
 )
@@ -65,16 +67,18 @@ def write_checkpoint(gigabytes: int) -> None:
                     out.write(os.urandom(10**6))
 
 
-def trial(venv: Path, variant: tuple[int, int, bool] | None) -> dict[str, object]:
+def trial(venv: Path, variant: tuple[int, int, int] | None) -> dict[str, object]:
+    IMPORTED.unlink(missing_ok=True)
     drop_page_cache()
     time.sleep(1)
     reader = None
     if variant is not None:
-        argv = [sys.executable, "-c", READER, *map(str, variant), str(CHECKPOINT)]
+        argv = [sys.executable, "-c", READER, *map(str, variant), str(CHECKPOINT), str(IMPORTED)]
         reader = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     started = time.monotonic()
     subprocess.run([str(venv / "bin" / "python"), "-c", "import vllm.entrypoints.cli.serve"], check=True)
     result: dict[str, object] = {"importSeconds": round(time.monotonic() - started, 2)}
+    IMPORTED.touch()
     if reader is not None:
         seconds, read = reader.communicate()[0].split()
         result.update(readAheadSeconds=float(seconds), readAheadBytes=int(read))

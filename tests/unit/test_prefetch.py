@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from stoker.render.prefetch import read_ahead, read_ahead_command
+from stoker.render.prefetch import GENTLE_BYTES, read_ahead, read_ahead_command, server_has_child
 
 
 def checkpoint(root: Path) -> Path:
@@ -21,7 +22,7 @@ def checkpoint(root: Path) -> Path:
 
 def test_reads_every_safetensors_file_in_chunks_and_nothing_else(tmp_path: Path) -> None:
     model = checkpoint(tmp_path)
-    assert read_ahead([str(model)], False, [], readers=3, chunk=1 << 20) == (4 << 20) + 1
+    assert read_ahead([str(model)], readers=3, chunk=1 << 20) == (4 << 20) + 1
 
 
 def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, monkeypatch) -> None:
@@ -32,24 +33,48 @@ def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, monkeypatc
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").symlink_to(blob)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert read_ahead(["org/name"], False, []) == 1000
-    assert read_ahead(["org/absent", "s3://bucket/model"], False, []) == 0
+    assert read_ahead(["org/name"]) == 1000
+    assert read_ahead(["org/absent", "s3://bucket/model"]) == 0
 
 
-def test_libraries_come_from_this_interpreters_import_path(tmp_path: Path, monkeypatch) -> None:
-    site = tmp_path / "site"
-    (site / "torch" / "lib").mkdir(parents=True)
-    (site / "torch" / "lib" / "libtorch_cuda.so").write_bytes(b"l" * 100)
-    (site / "torch" / "__pycache__").mkdir()
-    (site / "torch" / "__pycache__" / "__init__.cpython-312.pyc").write_bytes(b"p" * 10)
-    (site / "nvidia" / "cudnn" / "lib").mkdir(parents=True)
-    (site / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9").write_bytes(b"c" * 7)
-    (site / "nvidia" / "cudnn" / "lib" / "libcudnn_engines_precompiled.so.9").write_bytes(b"e" * 1000)
-    (site / "unrelated").mkdir()
-    (site / "unrelated" / "big.so").write_bytes(b"u" * 1000)
-    monkeypatch.setattr(sys, "path", [str(site), str(site)])
-    assert read_ahead([], True, []) == 117
-    assert read_ahead([], False, []) == 0
+def test_the_gentle_reader_alone_reads_everything_when_the_engine_never_starts(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path)
+    never = threading.Event()
+    assert (
+        read_ahead([str(model)], readers=4, chunk=1 << 20, gentle=4096, engine_started=never.is_set)
+        == (4 << 20) + 1
+    )
+
+
+def test_all_readers_join_in_once_the_engine_has_started(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path)
+    polls = []
+
+    def started_on_the_second_poll() -> bool:
+        polls.append(True)
+        return len(polls) > 1
+
+    read = read_ahead(
+        [str(model)], readers=4, chunk=1 << 20, gentle=1, engine_started=started_on_the_second_poll
+    )
+    assert read == (4 << 20) + 1
+    # One-byte requests alone would still be at it: the readers widened after the second poll.
+    assert len(polls) == 2
+
+
+def test_the_engine_is_the_servers_child_that_is_not_the_reader() -> None:
+    reader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not server_has_child(os.getpid(), reader.pid)
+        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert server_has_child(os.getpid(), reader.pid)
+        finally:
+            engine.kill()
+            engine.wait()
+    finally:
+        reader.kill()
+        reader.wait()
 
 
 def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: Path) -> None:
@@ -57,9 +82,7 @@ def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: 
     program = "import os, sys; print(os.getpid(), sys.argv[1:]); sys.exit(7)"
     server = [sys.executable, "-c", program, "--a", "b"]
     process = subprocess.Popen(
-        [sys.executable, *read_ahead_command([str(model)], True, (str(tmp_path),))[1:], *server],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, *read_ahead_command([str(model)])[1:], *server], stdout=subprocess.PIPE, text=True
     )
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 7
@@ -69,17 +92,7 @@ def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: 
 
 
 def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begins() -> None:
-    command = read_ahead_command(["/models/m"], libraries=False)
+    command = read_ahead_command(["/models/m"])
     assert command[:2] == ["python3", "-c"]
-    assert command[3:] == ["/models/m", "--"]
-    assert read_ahead_command(["/models/m"], libraries=True)[3:] == ["--libraries", "/models/m", "--"]
-    everything = read_ahead_command(["/models/m"], True, ("/var/cache/vllm",))
-    assert everything[3:] == ["--libraries", "--cache", "/var/cache/vllm", "/models/m", "--"]
-
-
-def test_a_cache_directory_is_read_whole_after_the_weights(tmp_path: Path) -> None:
-    model = checkpoint(tmp_path)
-    cache = tmp_path / "cache" / "torch_compile_cache"
-    cache.mkdir(parents=True)
-    (cache / "artifact").write_bytes(b"a" * 300)
-    assert read_ahead([str(model)], False, [str(tmp_path / "cache")]) == (4 << 20) + 1 + 300
+    assert command[3:] == ["--gentle", str(GENTLE_BYTES), "/models/m", "--"]
+    assert read_ahead_command(["/models/m"], gentle=0)[3:] == ["--gentle", "0", "/models/m", "--"]

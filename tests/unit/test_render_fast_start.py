@@ -10,7 +10,7 @@ import pytest
 from stoker.api import VLLMService
 from stoker.render import build_deployment, cache_key, engine_invocation, render_children
 from stoker.render.engine import load_format, reads_ahead
-from stoker.render.prefetch import READ_AHEAD_PROGRAM, serving_invocation
+from stoker.render.prefetch import GENTLE_BYTES, READ_AHEAD_PROGRAM, serving_invocation
 from tests.unit.test_render import service_from
 
 ON_A_VOLUME: dict[str, Any] = {
@@ -37,7 +37,17 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
     svc = service()
     assert (load_format(svc), reads_ahead(svc)) == ("instanttensor", True)
     serving = serving_invocation(svc)
-    assert serving.command == ["python3", "-c", READ_AHEAD_PROGRAM, "/models/llama-8b", "--", "vllm", "serve"]
+    gentle = ["--gentle", str(GENTLE_BYTES)]
+    assert serving.command == [
+        "python3",
+        "-c",
+        READ_AHEAD_PROGRAM,
+        *gentle,
+        "/models/llama-8b",
+        "--",
+        "vllm",
+        "serve",
+    ]
     assert flag(serving.args, "--load-format") == "instanttensor"
     assert "--model-loader-extra-config" not in serving.args
     assert serving.env["INSTANTTENSOR_BACKEND"] == "BUFFERED"
@@ -85,7 +95,7 @@ def test_weights_not_on_a_volume_keep_the_streamer_and_are_not_read_ahead() -> N
     )
     assert (load_format(cached), reads_ahead(cached)) == ("instanttensor", True)
     # The read-ahead looks a hub id up in HF_HOME, which is the model cache volume.
-    assert serving_invocation(cached).command[3:5] == ["org/model", "--"]
+    assert serving_invocation(cached).command[5:7] == ["org/model", "--"]
 
 
 def test_read_ahead_can_be_switched_either_way() -> None:
