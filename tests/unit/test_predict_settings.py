@@ -78,11 +78,14 @@ def test_serving_pods_under_the_read_ahead_read_as_their_deployment_runs_them() 
 
 def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() -> None:
     serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
-    today = engine_settings([*read_ahead_command(["/models/m"], False), *serve], {}, "hit", "0.26.0")
+    today = engine_settings([*read_ahead_command(["/models/m"]), *serve], {}, "hit", "0.26.0")
+    eager = engine_settings([*read_ahead_command(["/models/m"], gentle=0), *serve], {}, "hit", "0.26.0")
+    # The revision before the gentle phase took no options: all its readers read from the start.
     earlier = READ_AHEAD_PROGRAM.replace("readers: int = 8", "readers: int = 1")
     assert earlier != READ_AHEAD_PROGRAM
     recorded = engine_settings(["python3", "-c", earlier, "/models/m", "--", *serve], {}, "hit", "0.26.0")
-    assert today.read_ahead and recorded.read_ahead
+    assert today.read_ahead and eager.read_ahead and recorded.read_ahead
+    assert today.gentle_read_ahead and not eager.gentle_read_ahead and not recorded.gentle_read_ahead
     other = engine_settings(["python3", "-c", "import os", "--", *serve], {}, "hit", "0.26.0")
     assert not other.read_ahead
 
@@ -90,13 +93,13 @@ def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() 
 @pytest.mark.parametrize(
     ("loader", "read_ahead", "bootstrap", "weight_load"),
     [
-        ({}, True, "readahead=on", "loader=instanttensor,readahead"),
+        ({}, True, "readahead=gentle", "loader=instanttensor,readahead,gentle"),
         ({"readAhead": False}, False, "readahead=off", "loader=instanttensor"),
         (
             {"format": "runai_streamer", "readAhead": True},
             True,
-            "readahead=on",
-            "loader=runai_streamer,readahead",
+            "readahead=gentle",
+            "loader=runai_streamer,readahead,gentle",
         ),
         ({"format": "runai_streamer"}, False, "readahead=off", "loader=runai_streamer"),
     ],

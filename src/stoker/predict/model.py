@@ -68,6 +68,9 @@ class EngineSettings(_Document):
     # The read-ahead wrapper (stoker.render.prefetch) pulls the checkpoint into the page cache while vLLM
     # imports: the imports share the disk with it, and the weight loader then reads memory.
     read_ahead: bool = False
+    # ...held back to one reader with one request in flight until the engine process exists (its gentle
+    # phase), so that the imports' page faults do not queue behind it.
+    gentle_read_ahead: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
     engine_version: str | None = None
 

@@ -6,8 +6,10 @@ per regime, the part of the settings that changes the phase's work rather than i
   loading compiled graphs, memory profiling, the kernel JIT warm-up, the API server);
 - `loader=<load format>` for weight loading (the streamer, safetensors, dummy weights read nothing), with
   `,readahead` where the read-ahead wrapper put the checkpoint in the page cache first (InstantTensor then
-  reads memory: ~3 s for 16 GB on an H100 host instead of ~15 s from the disk);
-- `readahead=on|off` for the Python bootstrap (the imports share the disk with the read-ahead: ~9 s more);
+  reads memory: ~3 s for 16 GB on an H100 host instead of ~15 s from the disk), `,readahead,gentle` where
+  it read with one reader until the engine process existed (less of it may be in memory by then);
+- `readahead=on|gentle|off` for the Python bootstrap (the imports share the disk with the read-ahead: ~9 s
+  more with all its readers from the start);
 - `engine=fork|spawn` for the engine process start (a spawned process imports everything again);
 - `all` for what none of these changes (CUDA graph capture).
 Tokenizer initialisation happens in the engine-start phase of the log (after `Resolved architecture`),
@@ -71,12 +73,16 @@ def _cache(settings: EngineSettings) -> str:
     return f"cache={settings.cache_state}"
 
 
-def _loader(settings: EngineSettings) -> str:
-    return f"loader={settings.loader},readahead" if settings.read_ahead else f"loader={settings.loader}"
-
-
 def _read_ahead(settings: EngineSettings) -> str:
-    return "readahead=on" if settings.read_ahead else "readahead=off"
+    if not settings.read_ahead:
+        return "readahead=off"
+    return "readahead=gentle" if settings.gentle_read_ahead else "readahead=on"
+
+
+def _loader(settings: EngineSettings) -> str:
+    if not settings.read_ahead:
+        return f"loader={settings.loader}"
+    return f"loader={settings.loader},readahead" + (",gentle" if settings.gentle_read_ahead else "")
 
 
 def _engine(settings: EngineSettings) -> str:

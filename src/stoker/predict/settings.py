@@ -26,6 +26,7 @@ _MAX_NUM_SEQS = "--max-num-seqs"
 # What every revision of READ_AHEAD_PROGRAM holds (it embeds this function's source): a recorded run's argv
 # carries the program of its day.
 _READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
+_GENTLE_OPTION = prefetch.read_ahead_command([], gentle=1)[3]
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -69,6 +70,7 @@ def engine_settings(
         kept_cache=compiled and cache_state == "hit",
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
         read_ahead=_reads_ahead(args),
+        gentle_read_ahead=_reads_ahead_gently(args),
         engine_version=engine_version,
     )
 
@@ -94,6 +96,12 @@ def _serve_arguments(args: Sequence[str]) -> list[str]:
 def _reads_ahead(args: Sequence[str]) -> bool:
     """Whether `args` runs vLLM under the read-ahead: `python3 -c READ_AHEAD_PROGRAM ... -- vllm serve`."""
     return len(args) > 2 and args[1] == "-c" and _READ_AHEAD_DEFINITION in args[2]
+
+
+def _reads_ahead_gently(args: Sequence[str]) -> bool:
+    """Whether the read-ahead has a gentle phase: `python3 -c PROGRAM --gentle BYTES ...` with BYTES > 0
+    (the program before it had no such option and read with all readers from the start)."""
+    return _reads_ahead(args) and args[3:4] == [_GENTLE_OPTION] and args[4:5] != ["0"]
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
