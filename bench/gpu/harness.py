@@ -291,7 +291,7 @@ def host_facts(out: Path) -> None:
         "cpus": os.cpu_count(),
         "kernel": os.uname().release,
         # The disk the models and caches are on, and how its requests are queued (the read-ahead shares it).
-        "disk": sh("sh", "-c", "df --output=source /models | tail -1; grep -H . /sys/block/*/queue/scheduler"),
+        "disk": sh("sh", "-c", "df --output=source /models | tail -1; grep . /sys/block/*/queue/scheduler"),
     }
     (out / "host.json").write_text(json.dumps(facts, indent=1))
     print(json.dumps(facts), flush=True)
