@@ -97,6 +97,10 @@ def read_ahead(
             try:
                 if name not in descriptors:
                     descriptors[name] = os.open(name, os.O_RDONLY)
+                    if not all_readers.is_set():
+                        # No kernel read-ahead (up to read_ahead_kb, 8 MiB on the H100 host) beyond each
+                        # gentle request: one request in flight, no more.
+                        os.posix_fadvise(descriptors[name], 0, 0, os.POSIX_FADV_RANDOM)
                 while done < length:
                     step = length - done if all_readers.is_set() else min(gentle, length - done)
                     read = os.preadv(descriptors[name], [buffer[done : done + step]], offset + done)
