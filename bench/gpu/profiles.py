@@ -99,23 +99,22 @@ VARIANTS: dict[str, Variant] = {
         note="stoker with all eight read-ahead readers from the start (the default of 2026-11-23), not one "
         "gentle reader until the engine process exists",
     ),
-    # A fault of the importing server waits behind the reader's request in flight (~3 ms for 4 MiB at
-    # 1.4 GB/s, over thousands of cold module reads): smaller requests, shorter waits, if the reader keeps up.
+    # Each cold read of the importing server waits behind the reader's request in flight (~3 ms for 4 MiB
+    # at 1.4 GB/s, over thousands of module reads): smaller requests, shorter waits, if the reader keeps up.
+    "stoker-gentle-4m": Variant(
+        gentle=4 << 20,
+        note="stoker with 4 MiB requests, not 512 KiB, in the read-ahead's gentle phase",
+    ),
     "stoker-gentle-128k": Variant(
         gentle=128 << 10,
-        note="stoker with 128 KiB requests, not 4 MiB, in the read-ahead's gentle phase",
-    ),
-    "stoker-gentle-512k": Variant(
-        gentle=512 << 10,
-        note="stoker with 512 KiB requests, not 4 MiB, in the read-ahead's gentle phase",
-    ),
-    "stoker-gentle-16m": Variant(
-        gentle=16 << 20,
-        note="stoker with whole 16 MiB ranges, not 4 MiB requests, in the read-ahead's gentle phase",
+        note="stoker with 128 KiB requests, not 512 KiB, in the read-ahead's gentle phase",
     ),
     # vLLM 0.26 on torch 2.11 leaves the mega AOT artifact off (on by default from torch 2.12): one artifact
     # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
-    # On 0.22.1 a 14 s silent gap followed its load (JIT work not found in the seeded caches).
+    # Measured on 0.26.0 (bench/results/coldstart-h100-v0.26.0-gentle-run1.json): torch.compile 0.4-0.8 s
+    # instead of 6-7.7 s, but ~11 s more between graph capture and "Kernel JIT monitor activated" (0.5 s
+    # otherwise: the V2 runner's kernel warm-up and Inductor's once-per-process lazy init run there; which
+    # of them took it was not established): no gain.
     "stoker-mega-aot": Variant(
         spec={"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "1"}]}},
         note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 on its own seed and serving start",

@@ -10,9 +10,10 @@ embedded verbatim (like the seed's facts reader), so the vLLM image needs no sto
 
 Measured on an H100 (bench/results/coldstart-h100-v0.26.0-fast.json): with InstantTensor reading the page
 cache, 16 GB load in ~3 s instead of ~15 s, but eight readers of 16 MiB ranges from the start made the
-imports ~8 s longer, since the imports' page faults queue behind the reader's requests (reproduced on CPU by
-bench/readahead/contention.py). Hence the gentle phase: until the server has forked its engine process (its
-imports are done by then), one reader keeps a single `gentle`-byte request in flight; then all read.
+imports ~8 s longer, since each of the imports' thousands of cold reads queues behind the reader's requests
+(reproduced on CPU by bench/readahead/contention.py). Hence the gentle phase: until the server has forked its
+engine process (its imports are done by then), one reader keeps a single `gentle`-byte request in flight,
+without the kernel's own read-ahead; then all read.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from stoker.render.engine import (
     reads_ahead,
 )
 
-# The gentle phase's request size rendered by default (0: all readers from the start). On CPU, 4 MiB slowed
-# the imports less than 1 MiB and read as fast as eight readers
-# (bench/results/readahead-contention-cpu-gentle.txt).
-GENTLE_BYTES = 4 << 20
+# The gentle phase's request size rendered by default (0: all readers from the start). Measured on an H100
+# host (bench/results/coldstart-h100-v0.26.0-gentle.json): with 512 KiB the imports took 2-3 s longer than
+# stock's instead of ~10 s (eight readers from the start), and one reader still read 16 GB in ~21 s, before
+# the engine process asked for it; 4 MiB requests kept the imports as slow as eight readers, 128 KiB read too
+# slowly.
+GENTLE_BYTES = 512 << 10
 
 
 def read_ahead(
