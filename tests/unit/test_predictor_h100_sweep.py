@@ -2,7 +2,8 @@
 RUNS_DIR by bench/predictor/coldstart_runs.py and judged by validate.py, as docs/benchmarks/gpu-coldstart.md
 says it was, with the read-ahead regimes from the later 8B profile run on another host: its raw records,
 each with the log it ran under the results' names (bench/results/coldstart-h100-v0.26.0-fast-logs/), and
-its facts are in bench/results/predictor-h100-fast-logs/. Guards the shipped numbers: a predictor change
+its facts are in bench/results/predictor-h100-fast-logs/, and the gentle read-ahead's regimes from the
+default's starts in a third run (bench/results/predictor-h100-gentle-logs/). Guards the shipped numbers: a predictor change
 that breaks the issue's acceptance on the real data, or a converter change that loses a start, fails here."""
 
 import json
@@ -22,6 +23,7 @@ FAST_RUN = SWEEP.parent / "predictor-h100-fast-logs"
 # Its starts whose settings the predictor tells apart (stoker-fast is today's default); not the levers it
 # does not model (the startup plan alone, fastsafetensors once, the libraries and cache read ahead too).
 FAST_PROFILES = "stock,stoker-seed,stoker,stoker-fast,stoker-readahead,stoker-instanttensor"
+GENTLE_RUN = SWEEP.parent / "predictor-h100-gentle-logs"
 
 
 @pytest.fixture
@@ -37,6 +39,15 @@ def fast_runs_dir(tmp_path: Path) -> Path:
     out = tmp_path / "fast-runs"
     command = [str(FAST_RUN), "--facts", str(FAST_RUN / "facts.json"), "--shape", "l32-h4096"]
     command += ["--engine-version", "0.26.0", "--profiles", FAST_PROFILES, "--out", str(out)]
+    assert coldstart_runs(command) == 0
+    return out
+
+
+@pytest.fixture
+def gentle_runs_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "gentle-runs"
+    command = [str(GENTLE_RUN), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
+    command += ["--engine-version", "0.26.0", "--profiles", "stoker", "--out", str(out)]
     assert coldstart_runs(command) == 0
     return out
 
@@ -83,10 +94,11 @@ def test_every_start_of_the_sweep_with_its_shapes_facts_and_settings(runs_dir: P
 
 
 def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
-    runs_dir: Path, fast_runs_dir: Path, tmp_path: Path
+    runs_dir: Path, fast_runs_dir: Path, gentle_runs_dir: Path, tmp_path: Path
 ) -> None:
     out, shipped = tmp_path / "predictor-h100.json", tmp_path / f"{HARDWARE}.json"
-    command = [str(runs_dir), "--other-host", str(fast_runs_dir), "--hardware", HARDWARE]
+    command = [str(runs_dir), "--hardware", HARDWARE]
+    command += ["--other-host", str(fast_runs_dir), "--other-host", str(gentle_runs_dir)]
     command += ["--out", str(out), "--coefficients-out", str(shipped)]
     assert validate(command) == 0
     document = json.loads(out.read_text())
@@ -101,11 +113,13 @@ def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
     # The set's notes (fittedOn's last entry) are words given on the command line.
     assert (fitted.phases, fitted.observations) == (committed_set.phases, committed_set.observations)
     assert fitted.fitted_on == committed_set.fitted_on[:-1]
-    # The other host's starts add only the regimes the sweep never ran: the read-ahead and InstantTensor.
+    # The other hosts' starts add only the regimes the sweep never ran: the read-ahead (gentle or not) and
+    # InstantTensor.
     other_host = [o for o in fitted.observations if o.label and o.label.startswith("l32-h4096/")]
     assert {o.label.split("/")[1] for o in other_host if o.label} == {
         "stoker-fast",
         "stoker-readahead",
         "stoker-instanttensor",
+        "stoker",
     }
     assert all(set(o.phases) <= {"bootstrap", "weightLoad"} for o in other_host)
