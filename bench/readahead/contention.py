@@ -33,7 +33,7 @@ IMPORTED = Path("/tmp/stoker-readahead-imported")
 VARIANTS: dict[str, tuple[int, int, int] | None] = {
     "none": None,
     "8x16MiB": (8, 16 << 20, 0),
-    "gentle-1MiB": (8, 16 << 20, 1 << 20),
+    "gentle-512KiB": (8, 16 << 20, 512 << 10),
     "gentle-4MiB": (8, 16 << 20, 4 << 20),
 }
 # read_ahead's own source, as the serving pod's wrapper embeds it (the reader imports nothing of stoker's).
