@@ -2,7 +2,7 @@
 read the checkpoint into the page cache, so that the weight loader finds it in memory instead of on a cold
 disk.
 
-The serving container runs `python3 -c READ_AHEAD_PROGRAM [--gentle BYTES] PATH... -- vllm serve ...`. The
+The serving container runs `python3 -c READ_AHEAD_PROGRAM --gentle BYTES PATH... -- vllm serve ...`. The
 program forks a reader and execs the server in its own process (same PID, same signals, same exit code),
 so nothing of the pod's behaviour changes but what sits in the page cache. The reader exits when it has
 read everything or when the server's process group is stopped. `read_ahead` and `server_has_child` are
@@ -35,10 +35,10 @@ from stoker.render.engine import (
 )
 
 # The gentle phase's request size rendered by default (0: all readers from the start). Measured on an H100
-# host (bench/results/coldstart-h100-v0.26.0-gentle.json): with 512 KiB the imports took 2-3 s longer than
-# stock's instead of ~10 s (eight readers from the start), and one reader still read 16 GB in ~21 s, before
-# the engine process asked for it; 4 MiB requests kept the imports as slow as eight readers, 128 KiB read too
-# slowly.
+# host (bench/results/coldstart-h100-v0.26.0-gentle.json): with 512 KiB the imports took 0.8-7.6 s longer
+# than stock's (paired) instead of 7.8-13.6 s (eight readers from the start), and one reader still read 16 GB
+# in ~21 s, before the engine process asked for it; 4 MiB requests kept the imports as slow as eight readers,
+# 128 KiB read too slowly.
 GENTLE_BYTES = 512 << 10
 
 
