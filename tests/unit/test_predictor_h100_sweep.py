@@ -3,8 +3,9 @@ RUNS_DIR by bench/predictor/coldstart_runs.py and judged by validate.py, as docs
 says it was, with the read-ahead regimes from the later 8B profile run on another host: its raw records,
 each with the log it ran under the results' names (bench/results/coldstart-h100-v0.26.0-fast-logs/), and
 its facts are in bench/results/predictor-h100-fast-logs/, and the gentle read-ahead's regimes from the
-default's starts in a third run (bench/results/predictor-h100-gentle-logs/). Guards the shipped numbers: a predictor change
-that breaks the issue's acceptance on the real data, or a converter change that loses a start, fails here."""
+default's starts in a third run (bench/results/predictor-h100-gentle-logs/). Guards the shipped numbers: a
+predictor change that breaks the issue's acceptance on the real data, or a converter change that loses a
+start, fails here."""
 
 import json
 from pathlib import Path
