@@ -101,7 +101,7 @@ def _reads_ahead(args: Sequence[str]) -> bool:
 def _reads_ahead_gently(args: Sequence[str]) -> bool:
     """Whether the read-ahead has a gentle phase: `python3 -c PROGRAM --gentle BYTES ...` with BYTES > 0
     (the program before it had no such option and read with all readers from the start)."""
-    return _reads_ahead(args) and args[3:4] == [_GENTLE_OPTION] and args[4:5] != ["0"]
+    return _reads_ahead(args) and len(args) > 4 and args[3] == _GENTLE_OPTION and args[4] != "0"
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
