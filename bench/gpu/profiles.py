@@ -96,8 +96,8 @@ VARIANTS: dict[str, Variant] = {
     ),
     "stoker-eager": Variant(
         gentle=0,
-        note="stoker with all eight read-ahead readers from the start (the default of 2026-11-23), not one "
-        "gentle reader until the engine process exists",
+        note="stoker with all eight read-ahead readers from the start (the default before the gentle "
+        "phase), not one gentle reader until the engine process exists",
     ),
     # Each cold read of the importing server waits behind the reader's request in flight (~3 ms for 4 MiB
     # at 1.4 GB/s, over thousands of module reads): smaller requests, shorter waits, if the reader keeps up.
