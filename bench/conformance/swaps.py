@@ -7,7 +7,8 @@ The container's command, args and env are otherwise run exactly as rendered. The
 - port: the `--port` value, and the seed wrapper's own `127.0.0.1:<port>` health/completion URL, become a
   free loopback port, so runs and colleagues' processes on this machine do not collide.
 - cache volume: env values under the cache mount (VLLM_CACHE_ROOT, VLLM_ASSETS_CACHE, TRITON_CACHE_DIR,
-  TORCHINDUCTOR_CACHE_DIR, ...) point into one temp dir that the seed and the serving run share, as
+  TORCHINDUCTOR_CACHE_DIR, ...) and arguments under it (the import-pages listing that the seed wrapper
+  writes and the read-ahead reads) point into one temp dir that the seed and the serving run share, as
   the PVC does; the model-cache mount (HF_HOME) points to another.
 - secrets: env from Secrets (valueFrom, envFrom: HF_TOKEN, S3 credentials, the control token) is
   dropped; the local model needs none and the harness has no cluster.
@@ -55,7 +56,7 @@ def container_argv(container: dict[str, Any]) -> list[str]:
 
 
 def local_argv(argv: list[str], run: LocalRun) -> list[str]:
-    """`argv` with the model and the port swapped (see the module docstring)."""
+    """`argv` with the model, the port and paths on the cache volume swapped (see the module docstring)."""
     swapped = []
     previous = None
     for arg in argv:
@@ -67,6 +68,8 @@ def local_argv(argv: list[str], run: LocalRun) -> list[str]:
             arg = CPU_LOAD_FORMATS.get(arg, arg)
         elif f"127.0.0.1:{PORT}" in arg:
             arg = arg.replace(f"127.0.0.1:{PORT}", f"127.0.0.1:{run.port}")
+        else:
+            arg = _local_path(arg, run)
         swapped.append(arg)
         previous = arg
     return swapped

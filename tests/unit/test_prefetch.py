@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import inspect
+import mmap
 import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from stoker.render.prefetch import GENTLE_BYTES, read_ahead, read_ahead_command, server_has_child
+from stoker.render.prefetch import (
+    GENTLE_BYTES,
+    files_under,
+    listed_ranges,
+    read_ahead,
+    read_ahead_command,
+    resident_pages,
+    server_has_child,
+)
+from stoker.render.seed import SEED_WRAPPER
 
 
 def checkpoint(root: Path) -> Path:
@@ -104,3 +114,93 @@ def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begin
     assert command[:2] == ["python3", "-c"]
     assert command[3:] == ["--gentle", str(GENTLE_BYTES), "/models/m", "--"]
     assert read_ahead_command(["/models/m"], gentle=0)[3:] == ["--gentle", "0", "/models/m", "--"]
+
+
+def test_resident_pages_are_the_runs_of_each_file_in_the_page_cache(tmp_path: Path) -> None:
+    page = mmap.PAGESIZE
+    library = tmp_path / "site" / "module.so"
+    library.parent.mkdir()
+    library.write_bytes(os.urandom(64 * page))
+    (tmp_path / "site" / "empty.py").touch()
+    (tmp_path / "link.so").symlink_to(library)
+    descriptor = os.open(library, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)  # these pages and no read-ahead
+        os.pread(descriptor, 2 * page, 8 * page)
+        os.pread(descriptor, page, 40 * page)
+    finally:
+        os.close(descriptor)
+    expected = [(str(library), 8 * page, 10 * page), (str(library), 40 * page, 41 * page)]
+    # The link is the same file: listed once.
+    files = files_under([str(tmp_path / "site"), str(tmp_path / "link.so"), str(tmp_path / "absent")])
+    assert files == [str(tmp_path / "site" / "empty.py"), str(library)]
+    assert resident_pages(files) == expected
+
+
+def test_a_listing_is_read_in_ranges_and_an_absent_one_is_nothing(tmp_path: Path) -> None:
+    listing = tmp_path / "import-pages"
+    listing.write_text(f"/lib/a.so 0 {10 << 20}\n/lib/b c.py 4096 8192\n")
+    assert listed_ranges(str(listing)) == [
+        ("/lib/a.so", 0, 4 << 20),
+        ("/lib/a.so", 4 << 20, 4 << 20),
+        ("/lib/a.so", 8 << 20, 2 << 20),
+        ("/lib/b c.py", 4096, 4096),
+    ]
+    assert listed_ranges(str(tmp_path / "absent")) == []
+
+
+def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path)
+    library = tmp_path / "module.so"
+    library.write_bytes(os.urandom(3 * mmap.PAGESIZE))
+    listing = tmp_path / "import-pages"
+    listing.write_text(f"{library} 0 {2 * mmap.PAGESIZE}\n{tmp_path / 'gone.so'} 0 4096\n")
+    server = [sys.executable, "-c", "pass"]
+    command = read_ahead_command([str(model)], pages=str(listing))
+    assert command[3:] == ["--gentle", str(GENTLE_BYTES), "--pages", str(listing), str(model), "--"]
+    result = subprocess.run(
+        [sys.executable, *command[1:], *server], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"stoker read-ahead: {2 * mmap.PAGESIZE} bytes of the imports' pages in ")
+    assert lines[1].startswith(f"stoker read-ahead: {(4 << 20) + 1} bytes in ")
+
+
+def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    module = site / "engine_module.py"
+    module.write_text("VALUE = 1\n" * 1000)
+    # Cached now (just written; synced, as an image's files are), but no start reads it: the seed evicts it.
+    with (site / "unused_module.py").open("w") as unused:
+        unused.write("VALUE = 2\n" * 1000)
+        unused.flush()
+        os.fsync(unused.fileno())
+    listing = tmp_path / "cache" / "stoker" / "import-pages-0123456789"
+    # The server imports, then starts its "engine process", then waits for the listing and fails (it never
+    # answers /health, so the wrapper exits with its code).
+    server = f"""
+import os, subprocess, sys, time
+import engine_module
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+for _ in range(300):
+    if os.path.exists({str(listing)!r}):
+        break
+    time.sleep(0.1)
+engine.kill()
+sys.exit(3)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", SEED_WRAPPER, "--pages", str(listing), "--", sys.executable, "-c", server],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 3
+    assert "stoker-seed: recorded " in result.stdout
+    recorded = [line.rsplit(" ", 2) for line in listing.read_text().splitlines()]
+    assert [str(module), "0", str(module.stat().st_size)] in recorded
+    assert not [path for path, _, _ in recorded if path.endswith("unused_module.py")]

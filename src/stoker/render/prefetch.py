@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable
 
 from stoker.api import VLLMService
+from stoker.api.owned import CACHE_MOUNT_PATH
+from stoker.render.cachekey import short_cache_key
 from stoker.render.engine import (
     INSTANTTENSOR,
     EngineInvocation,
@@ -42,44 +44,17 @@ from stoker.render.engine import (
 GENTLE_BYTES = 512 << 10
 
 
-def read_ahead(
-    paths: list[str],
+def read_ranges(
+    ranges: list[tuple[str, int, int]],
     readers: int = 8,
-    chunk: int = 16 << 20,
     gentle: int = 0,
     engine_started: Callable[[], bool] = lambda: True,
+    exact: bool = False,
 ) -> int:
-    """Read every `*.safetensors` file under `paths` (files or directories, symlinks followed; a hub id is
-    looked up in the Hugging Face cache): `readers` threads take `chunk`-byte ranges from one list. With
-    `gentle` > 0, until `engine_started()` (polled) one thread reads alone, `gentle` bytes a request.
-    Returns the bytes read; unreadable files are skipped (their reader will report them)."""
-
-    def files_under(root: str) -> list[str]:
-        if os.path.isfile(root):
-            return [root]
-        found = []
-        for directory, subdirectories, names in os.walk(root, followlinks=True):
-            subdirectories.sort()
-            found += [
-                os.path.join(directory, name) for name in sorted(names) if name.endswith(".safetensors")
-            ]
-        return found
-
-    def hub_cache_dir(model: str) -> str:
-        home = os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface"))
-        cache = os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
-        return os.path.join(cache, "models--" + model.replace("/", "--"), "snapshots")
-
-    files: list[str] = []
-    for path in paths:
-        files += files_under(path if os.path.exists(path) or "://" in path else hub_cache_dir(path))
-    ranges = []
-    for name in dict.fromkeys(files):
-        try:
-            size = os.path.getsize(name)
-        except OSError:
-            continue
-        ranges += [(name, offset, min(chunk, size - offset)) for offset in range(0, size, chunk)]
+    """Read the `(path, offset, length)` ranges into the page cache: `readers` threads take them in order
+    from one list. With `gentle` > 0, until `engine_started()` (polled) one thread reads alone, `gentle`
+    bytes a request. `exact`: no kernel read-ahead beyond the ranges. Returns the bytes read; unreadable
+    files are skipped (their reader will report them)."""
     taken = iter(ranges)
     lock = threading.Lock()
     total = [0]
@@ -88,7 +63,7 @@ def read_ahead(
         all_readers.set()
 
     def reader() -> None:
-        buffer = memoryview(bytearray(chunk))
+        buffer = memoryview(bytearray(max((length for _, _, length in ranges), default=0)))
         descriptors: dict[str, int] = {}
         while True:
             with lock:
@@ -100,9 +75,9 @@ def read_ahead(
             try:
                 if name not in descriptors:
                     descriptors[name] = os.open(name, os.O_RDONLY)
-                    if not all_readers.is_set():
+                    if exact or not all_readers.is_set():
                         # No kernel read-ahead (up to read_ahead_kb, 8 MiB on the H100 host) beyond each
-                        # gentle request: one request in flight, no more.
+                        # request: a gentle reader keeps one request in flight, no more.
                         os.posix_fadvise(descriptors[name], 0, 0, os.POSIX_FADV_RANDOM)
                 while done < length:
                     step = length - done if all_readers.is_set() else min(gentle, length - done)
@@ -130,6 +105,140 @@ def read_ahead(
     return total[0]
 
 
+def checkpoint_ranges(paths: list[str], chunk: int = 16 << 20) -> list[tuple[str, int, int]]:
+    """`chunk`-byte ranges of every `*.safetensors` file under `paths` (files or directories, symlinks
+    followed; a hub id is looked up in the Hugging Face cache)."""
+
+    def safetensors_under(root: str) -> list[str]:
+        if os.path.isfile(root):
+            return [root]
+        found = []
+        for directory, subdirectories, names in os.walk(root, followlinks=True):
+            subdirectories.sort()
+            found += [
+                os.path.join(directory, name) for name in sorted(names) if name.endswith(".safetensors")
+            ]
+        return found
+
+    def hub_cache_dir(model: str) -> str:
+        home = os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface"))
+        cache = os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
+        return os.path.join(cache, "models--" + model.replace("/", "--"), "snapshots")
+
+    files: list[str] = []
+    for path in paths:
+        files += safetensors_under(path if os.path.exists(path) or "://" in path else hub_cache_dir(path))
+    ranges = []
+    for name in dict.fromkeys(files):
+        try:
+            size = os.path.getsize(name)
+        except OSError:
+            continue
+        ranges += [(name, offset, min(chunk, size - offset)) for offset in range(0, size, chunk)]
+    return ranges
+
+
+def listed_ranges(listing: str, chunk: int = 4 << 20) -> list[tuple[str, int, int]]:
+    """The `path start end` lines of a page listing (record_resident_pages) in `chunk`-byte ranges; an
+    absent or unreadable listing is none."""
+    ranges = []
+    try:
+        with open(listing, encoding="utf-8") as lines:
+            for line in lines:
+                path, start, end = line.rstrip("\n").rsplit(" ", 2)
+                ranges += [(path, o, min(chunk, int(end) - o)) for o in range(int(start), int(end), chunk)]
+    except (OSError, ValueError):
+        return []
+    return ranges
+
+
+def read_ahead(
+    paths: list[str],
+    readers: int = 8,
+    chunk: int = 16 << 20,
+    gentle: int = 0,
+    engine_started: Callable[[], bool] = lambda: True,
+) -> int:
+    """Read the checkpoint under `paths` (checkpoint_ranges) with `readers` threads, gently until
+    `engine_started()` (read_ranges). Returns the bytes read."""
+    return read_ranges(checkpoint_ranges(paths, chunk), readers, gentle, engine_started)
+
+
+def files_under(roots: list[str]) -> list[str]:
+    """The regular files under `roots` (files or directories; directory links not followed), each once
+    (by real path), in the roots' order."""
+    found: dict[str, None] = {}
+    for root in roots:
+        if os.path.isfile(root):
+            found.setdefault(os.path.realpath(root))
+        for directory, subdirectories, names in os.walk(root):
+            subdirectories.sort()
+            for name in sorted(names):
+                path = os.path.realpath(os.path.join(directory, name))
+                if os.path.isfile(path):
+                    found.setdefault(path)
+    return list(found)
+
+
+def evict_pages(files: list[str]) -> None:
+    """Drop the files' pages from the page cache (POSIX_FADV_DONTNEED: no privilege needed; pages that a
+    process has mapped stay)."""
+    for path in files:
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(descriptor)
+
+
+def resident_pages(files: list[str]) -> list[tuple[str, int, int]]:
+    """`(path, start, end)` for every run of the files' pages that is in the page cache (mincore)."""
+    import ctypes
+    import mmap
+    import re
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    failed = ctypes.c_void_p(-1).value
+    # mincore's byte per page: bit 0 says resident, the other bits are reserved.
+    resident_bit = bytes(range(256)).translate(bytes(b & 1 for b in range(256)))
+    runs = []
+    for path in files:
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(descriptor).st_size
+            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, 0) if size else None
+            if address in (None, failed):
+                continue
+            flags = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
+            known = libc.mincore(address, size, flags) == 0
+            libc.munmap(address, size)
+        finally:
+            os.close(descriptor)
+        if known:
+            for run in re.finditer(rb"\x01+", flags.raw.translate(resident_bit)):
+                runs.append((path, run.start() * mmap.PAGESIZE, min(run.end() * mmap.PAGESIZE, size)))
+    return runs
+
+
 def server_has_child(server: int, reader: int) -> bool:
     """Whether process `server` has a child other than `reader`: vLLM's API server starts its engine
     process only once its own imports are done."""
@@ -148,7 +257,7 @@ def server_has_child(server: int, reader: int) -> bool:
 
 READ_AHEAD_PROGRAM = (
     "from __future__ import annotations\n\nimport os, sys, threading, time\n\n\n"
-    + inspect.getsource(read_ahead)
+    + "\n\n".join(inspect.getsource(f) for f in (read_ranges, checkpoint_ranges, listed_ranges, read_ahead))
     + "\n\n"
     + inspect.getsource(server_has_child)
     + """
@@ -156,7 +265,9 @@ READ_AHEAD_PROGRAM = (
 arguments = sys.argv[1:]
 split = arguments.index("--")
 options, command = arguments[:split], arguments[split + 1 :]
-gentle, paths = int(options[1]), options[2:]  # --gentle BYTES PATH...
+gentle = int(options[1])  # --gentle BYTES [--pages LISTING] PATH...
+pages = options[3] if options[2:3] == ["--pages"] else ""
+paths = options[4:] if pages else options[2:]
 server = os.getpid()
 if os.fork() == 0:
     # The reader: out of the imports' way on the CPU, gone with the server's process group.
@@ -169,6 +280,11 @@ if os.fork() == 0:
         return bool(widened)
 
     try:
+        if pages:
+            read = read_ranges(listed_ranges(pages), exact=True)
+            seconds = time.monotonic() - began
+            pages_line = f"stoker read-ahead: {read} bytes of the imports' pages in {seconds:.1f} s"
+            print(pages_line, file=sys.stderr, flush=True)
         read = read_ahead(paths, gentle=gentle, engine_started=engine_started)
         how = f"all readers from {widened[0]:.1f} s" if widened else "one reader" if gentle else "all readers"
         seconds = time.monotonic() - began
@@ -180,19 +296,32 @@ os.execvp(command[0], command)
 )
 
 
-def read_ahead_command(paths: list[str], gentle: int = GENTLE_BYTES) -> list[str]:
-    """The command that runs READ_AHEAD_PROGRAM over `paths`; the server's argv follows."""
-    return ["python3", "-c", READ_AHEAD_PROGRAM, "--gentle", str(gentle), *paths, "--"]
+def read_ahead_command(paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "") -> list[str]:
+    """The command that runs READ_AHEAD_PROGRAM over `paths` (after the pages listed in `pages`, if
+    given); the server's argv follows."""
+    listing = ["--pages", pages] if pages else []
+    return ["python3", "-c", READ_AHEAD_PROGRAM, "--gentle", str(gentle), *listing, *paths, "--"]
 
 
-def serving_invocation(svc: VLLMService, gentle: int = GENTLE_BYTES) -> EngineInvocation:
+def import_pages_listing(svc: VLLMService) -> str:
+    """Where the seed Job records, on the cache volume, the pages its vLLM read before starting the engine
+    process (seed.SEED_WRAPPER), and serving pods of the same compile-cache key (so the same image) read
+    them first. Keyed, since the volume outlives the seeds of earlier keys."""
+    return f"{CACHE_MOUNT_PATH}/stoker/import-pages-{short_cache_key(svc)}"
+
+
+def serving_invocation(
+    svc: VLLMService, gentle: int = GENTLE_BYTES, import_pages: bool = True
+) -> EngineInvocation:
     """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
-    `reads_ahead` says so. The wrapper is outside the compile-cache key's factors (render.cachekey reads
-    engine_invocation): it changes what is in the page cache, not what vLLM compiles."""
+    `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off). The wrapper
+    is outside the compile-cache key's factors (render.cachekey reads engine_invocation): it changes what is
+    in the page cache, not what vLLM compiles."""
     engine = engine_invocation(svc, "serve")
     if not reads_ahead(svc):
         return engine
-    wrapper = read_ahead_command([model_string(svc)], gentle)
+    pages = import_pages_listing(svc) if import_pages else ""
+    wrapper = read_ahead_command([model_string(svc)], gentle, pages)
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
