@@ -50,11 +50,13 @@ def read_ranges(
     gentle: int = 0,
     engine_started: Callable[[], bool] = lambda: True,
     exact: bool = False,
+    request: int = 0,
 ) -> int:
     """Read the `(path, offset, length)` ranges into the page cache: `readers` threads take them in order
-    from one list. With `gentle` > 0, until `engine_started()` (polled) one thread reads alone, `gentle`
-    bytes a request. `exact`: no kernel read-ahead beyond the ranges. Returns the bytes read; unreadable
-    files are skipped (their reader will report them)."""
+    from one list, each range in one request (`request` > 0: requests of at most that size). With `gentle`
+    > 0, until `engine_started()` (polled) one thread reads alone, `gentle` bytes a request. `exact` (or
+    small requests): no kernel read-ahead beyond them. Returns the bytes read; unreadable files are skipped
+    (their reader will report them)."""
     taken = iter(ranges)
     lock = threading.Lock()
     total = [0]
@@ -75,12 +77,13 @@ def read_ranges(
             try:
                 if name not in descriptors:
                     descriptors[name] = os.open(name, os.O_RDONLY)
-                    if exact or not all_readers.is_set():
+                    if exact or request or not all_readers.is_set():
                         # No kernel read-ahead (up to read_ahead_kb, 8 MiB on the H100 host) beyond each
                         # request: a gentle reader keeps one request in flight, no more.
                         os.posix_fadvise(descriptors[name], 0, 0, os.POSIX_FADV_RANDOM)
                 while done < length:
-                    step = length - done if all_readers.is_set() else min(gentle, length - done)
+                    step = (request or length) if all_readers.is_set() else gentle
+                    step = min(step, length - done)
                     read = os.preadv(descriptors[name], [buffer[done : done + step]], offset + done)
                     if read <= 0:
                         break
@@ -158,10 +161,11 @@ def read_ahead(
     chunk: int = 16 << 20,
     gentle: int = 0,
     engine_started: Callable[[], bool] = lambda: True,
+    request: int = 0,
 ) -> int:
     """Read the checkpoint under `paths` (checkpoint_ranges) with `readers` threads, gently until
     `engine_started()` (read_ranges). Returns the bytes read."""
-    return read_ranges(checkpoint_ranges(paths, chunk), readers, gentle, engine_started)
+    return read_ranges(checkpoint_ranges(paths, chunk), readers, gentle, engine_started, request=request)
 
 
 def files_under(roots: list[str]) -> list[str]:
@@ -265,9 +269,11 @@ READ_AHEAD_PROGRAM = (
 arguments = sys.argv[1:]
 split = arguments.index("--")
 options, command = arguments[:split], arguments[split + 1 :]
-gentle = int(options[1])  # --gentle BYTES [--pages LISTING] PATH...
-pages = options[3] if options[2:3] == ["--pages"] else ""
-paths = options[4:] if pages else options[2:]
+settings = {"--gentle": "0", "--request": "0", "--pages": ""}
+while options[:1] and options[0] in settings:  # --gentle BYTES [--request BYTES] [--pages LISTING] PATH...
+    settings[options[0]], options = options[1], options[2:]
+gentle, request, pages = int(settings["--gentle"]), int(settings["--request"]), settings["--pages"]
+paths = options
 server = os.getpid()
 if os.fork() == 0:
     # The reader: out of the imports' way on the CPU, gone with the server's process group.
@@ -281,11 +287,11 @@ if os.fork() == 0:
 
     try:
         if pages:
-            read = read_ranges(listed_ranges(pages), exact=True)
+            read = read_ranges(listed_ranges(pages), exact=True, request=request)
             seconds = time.monotonic() - began
             pages_line = f"stoker read-ahead: {read} bytes of the imports' pages in {seconds:.1f} s"
             print(pages_line, file=sys.stderr, flush=True)
-        read = read_ahead(paths, gentle=gentle, engine_started=engine_started)
+        read = read_ahead(paths, gentle=gentle, engine_started=engine_started, request=request)
         how = f"all readers from {widened[0]:.1f} s" if widened else "one reader" if gentle else "all readers"
         seconds = time.monotonic() - began
         print(f"stoker read-ahead: {read} bytes in {seconds:.1f} s, {how}", file=sys.stderr, flush=True)
@@ -296,11 +302,21 @@ os.execvp(command[0], command)
 )
 
 
-def read_ahead_command(paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "") -> list[str]:
+def read_ahead_command(
+    paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "", request: int = 0
+) -> list[str]:
     """The command that runs READ_AHEAD_PROGRAM over `paths` (after the pages listed in `pages`, if
-    given); the server's argv follows."""
-    listing = ["--pages", pages] if pages else []
-    return ["python3", "-c", READ_AHEAD_PROGRAM, "--gentle", str(gentle), *listing, *paths, "--"]
+    given; in requests of at most `request` bytes, if given); the server's argv follows."""
+    options = ["--gentle", str(gentle), *(["--request", str(request)] if request else [])]
+    return [
+        "python3",
+        "-c",
+        READ_AHEAD_PROGRAM,
+        *options,
+        *(["--pages", pages] if pages else []),
+        *paths,
+        "--",
+    ]
 
 
 def import_pages_listing(svc: VLLMService) -> str:
@@ -311,7 +327,7 @@ def import_pages_listing(svc: VLLMService) -> str:
 
 
 def serving_invocation(
-    svc: VLLMService, gentle: int = GENTLE_BYTES, import_pages: bool = True
+    svc: VLLMService, gentle: int = GENTLE_BYTES, import_pages: bool = True, request: int = 0
 ) -> EngineInvocation:
     """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
     `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off). The wrapper
@@ -321,7 +337,7 @@ def serving_invocation(
     if not reads_ahead(svc):
         return engine
     pages = import_pages_listing(svc) if import_pages else ""
-    wrapper = read_ahead_command([model_string(svc)], gentle, pages)
+    wrapper = read_ahead_command([model_string(svc)], gentle, pages, request)
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
