@@ -19,6 +19,7 @@ from stoker.render import (
     server_selector,
     short_cache_key,
 )
+from stoker.render.prefetch import import_pages_listing
 from stoker.render.seed import SEED_WRAPPER
 
 BASE: dict[str, Any] = {
@@ -206,8 +207,10 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
     for field in ("volumes", "nodeSelector", "tolerations", "securityContext", "initContainers"):
         assert seed_pod["spec"].get(field) == serve_pod["spec"].get(field), field
     # The seed runs the very same command line, wrapped so that the Job ends once /health answers.
+    # It records the pages its server read before the engine process, for the serving pods' read-ahead.
     assert seed["command"] == ["python3", "-c", SEED_WRAPPER]
-    assert key_relevant_args(seed["args"], svc.spec.runtime.engine_profile) == serve[
+    assert seed["args"][:3] == ["--pages", import_pages_listing(svc), "--"]
+    assert key_relevant_args(seed["args"][3:], svc.spec.runtime.engine_profile) == serve[
         "command"
     ] + key_relevant_args(serve["args"], svc.spec.runtime.engine_profile)
     assert seed_pod["spec"]["restartPolicy"] == "Never"
