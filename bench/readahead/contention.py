@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.render.prefetch import read_ahead
+from stoker.render.prefetch import checkpoint_ranges, listed_ranges, read_ahead, read_ranges
 
 CHECKPOINT = Path("/tmp/stoker-readahead-checkpoint")
 # The importer's mark that its imports are done: in a pod, the server forking its engine process.
@@ -58,30 +58,13 @@ VARIANTS: dict[str, Variant | None] = {
 # read_ahead's own source, as the serving pod's wrapper embeds it (the reader imports nothing of stoker's).
 READER = (
     "from __future__ import annotations\nimport os, sys, threading, time\n\n\n"
-    + inspect.getsource(read_ahead)
+    + "\n\n".join(inspect.getsource(f) for f in (read_ranges, checkpoint_ranges, listed_ranges, read_ahead))
     + """
 readers, chunk, gentle, import_pages = (int(a) for a in sys.argv[1:5])
 os.nice(10)
 started = time.monotonic()
 if import_pages:
-    pieces = []
-    for line in open(sys.argv[7]).read().splitlines():
-        path, start, end = line.rsplit(" ", 2)
-        pieces += [(path, o, min(4 << 20, int(end) - o)) for o in range(int(start), int(end), 4 << 20)]
-    taken, lock = iter(pieces), threading.Lock()
-
-    def read_pieces():
-        while True:
-            with lock:
-                piece = next(taken, None)
-            if piece is None:
-                return
-            with open(piece[0], "rb", buffering=0) as file:
-                os.pread(file.fileno(), piece[2], piece[1])
-
-    threads = [threading.Thread(target=read_pieces) for _ in range(8)]
-    [thread.start() for thread in threads]
-    [thread.join() for thread in threads]
+    read_ranges(listed_ranges(sys.argv[7]), exact=True)
 pages_read = time.monotonic() - started
 imported = lambda: os.path.exists(sys.argv[6])
 read = read_ahead([sys.argv[5]], readers, chunk, gentle, imported) if readers else 0
