@@ -20,7 +20,7 @@ from stoker.api import VLLMService
 from stoker.render import Role, cache_key, engine_invocation
 from stoker.render import seed_invocation as render_seed_invocation
 from stoker.render.engine import served_model_name
-from stoker.render.prefetch import GENTLE_BYTES, serving_invocation
+from stoker.render.prefetch import GENTLE_BYTES, WIDE_REQUEST_BYTES, serving_invocation
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
 # The renderer forks the engine process by default (measured here first as the lever "stoker-fork", see
@@ -52,7 +52,8 @@ class Variant:
     gentle: int | None = None
     # False: the read-ahead reads the checkpoint alone, not the seed's import pages first.
     import_pages: bool = True
-    # The read-ahead's request size once all readers read (render.prefetch.read_ranges), if not whole ranges.
+    # The read-ahead's request size once all readers read (render.prefetch.read_ranges), if not the rendered
+    # one; 0: each 16 MiB range in one request.
     request: int | None = None
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
@@ -103,20 +104,12 @@ VARIANTS: dict[str, Variant] = {
         note="stoker with all eight read-ahead readers on the checkpoint from the start (right after the "
         "import pages), not one gentle reader until the engine process exists",
     ),
-    # The default before 2026-11-24: with the imports' own pages in memory first, their reads no longer
-    # wait behind the disk (a cold import is ~5 s slower than a warm one on the H100 host).
-    # With the import pages in memory, the server's remaining cold reads (the engine process's start) wait
-    # behind whatever the readers have in flight: eight whole 16 MiB ranges (plus the kernel's read-ahead)
-    # against eight 1 MiB requests.
-    "stoker-wide-1m": Variant(
-        request=1 << 20,
-        note="stoker with 1 MiB requests, no kernel read-ahead, once all eight readers read",
-    ),
-    "stoker-eager-1m": Variant(
-        gentle=0,
-        request=1 << 20,
-        note="stoker with all eight readers, 1 MiB requests and no kernel read-ahead, right after the import "
-        "pages",
+    # Before 2026-11-24 (noon) each reader read its whole 16 MiB range in one request, with the kernel's own
+    # read-ahead on top, once all eight read.
+    "stoker-whole-ranges": Variant(
+        request=0,
+        note="stoker with each 16 MiB range in one request (and the kernel's read-ahead), not 1 MiB "
+        "requests, once all eight readers read",
     ),
     "stoker-nopages": Variant(
         import_pages=False,
@@ -224,7 +217,8 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
         rendered = engine_invocation(svc, role)
     else:
         gentle = GENTLE_BYTES if variant.gentle is None else variant.gentle
-        rendered = serving_invocation(svc, gentle, variant.import_pages, variant.request or 0)
+        request = WIDE_REQUEST_BYTES if variant.request is None else variant.request
+        rendered = serving_invocation(svc, gentle, variant.import_pages, request)
     args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
     port = _flag_value(args, "--port")
     served = _flag_value(args, "--served-model-name")

@@ -42,6 +42,12 @@ from stoker.render.engine import (
 # in ~21 s, before the engine process asked for it; 4 MiB requests kept the imports as slow as eight readers,
 # 128 KiB read too slowly.
 GENTLE_BYTES = 512 << 10
+# Once all readers read, each request is at most this size, with no kernel read-ahead: with the import pages
+# in memory the imports end sooner, half the checkpoint is still unread when vLLM forks its engine process,
+# and the engine process's own cold reads wait behind whatever the readers have in flight. Measured on an
+# H100 host (bench/results/coldstart-h100-v0.26.0-pages.json, `stoker-wide-1m`): engine start 3.0 s instead
+# of 3.9 s (lower in 4 of 4 repetitions) with whole 16 MiB ranges and the kernel's 8 MiB read-ahead.
+WIDE_REQUEST_BYTES = 1 << 20
 
 
 def read_ranges(
@@ -142,8 +148,8 @@ def checkpoint_ranges(paths: list[str], chunk: int = 16 << 20) -> list[tuple[str
 
 
 def listed_ranges(listing: str, chunk: int = 4 << 20) -> list[tuple[str, int, int]]:
-    """The `path start end` lines of a page listing (record_resident_pages) in `chunk`-byte ranges; an
-    absent or unreadable listing is none."""
+    """The `path start end` lines of a page listing (the seed's, from resident_pages) in `chunk`-byte
+    ranges; an absent or unreadable listing is none."""
     ranges = []
     try:
         with open(listing, encoding="utf-8") as lines:
@@ -327,7 +333,10 @@ def import_pages_listing(svc: VLLMService) -> str:
 
 
 def serving_invocation(
-    svc: VLLMService, gentle: int = GENTLE_BYTES, import_pages: bool = True, request: int = 0
+    svc: VLLMService,
+    gentle: int = GENTLE_BYTES,
+    import_pages: bool = True,
+    request: int = WIDE_REQUEST_BYTES,
 ) -> EngineInvocation:
     """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
     `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off). The wrapper
