@@ -36,6 +36,12 @@ def test_reads_every_safetensors_file_in_chunks_and_nothing_else(tmp_path: Path)
     assert read_ahead([str(model)], readers=3, chunk=1 << 20) == (4 << 20) + 1
 
 
+def test_small_requests_still_read_every_byte(tmp_path: Path) -> None:
+    model = checkpoint(tmp_path)
+    assert read_ahead([str(model)], readers=3, chunk=1 << 20, request=4096) == (4 << 20) + 1
+    assert read_ahead([str(model)], readers=3, chunk=1 << 20, gentle=512, request=4096) == (4 << 20) + 1
+
+
 def test_a_hub_id_is_read_from_the_hugging_face_cache(tmp_path: Path, monkeypatch) -> None:
     blob = tmp_path / "hub" / "models--org--name" / "blobs" / "abc"
     blob.parent.mkdir(parents=True)

@@ -11,7 +11,7 @@ from stoker.api import VLLMService
 from stoker.render import build_deployment, cache_key, engine_invocation, render_children
 from stoker.render.cachekey import short_cache_key
 from stoker.render.engine import load_format, reads_ahead
-from stoker.render.prefetch import GENTLE_BYTES, READ_AHEAD_PROGRAM, serving_invocation
+from stoker.render.prefetch import GENTLE_BYTES, READ_AHEAD_PROGRAM, WIDE_REQUEST_BYTES, serving_invocation
 from tests.unit.test_render import service_from
 
 ON_A_VOLUME: dict[str, Any] = {
@@ -38,7 +38,7 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
     svc = service()
     assert (load_format(svc), reads_ahead(svc)) == ("instanttensor", True)
     serving = serving_invocation(svc)
-    gentle = ["--gentle", str(GENTLE_BYTES)]
+    gentle = ["--gentle", str(GENTLE_BYTES), "--request", str(WIDE_REQUEST_BYTES)]
     # First the pages the seed recorded (same cache key, so the same image), then the checkpoint.
     pages = ["--pages", f"/var/cache/vllm/stoker/import-pages-{short_cache_key(svc)}"]
     assert serving.command == [
@@ -99,7 +99,7 @@ def test_weights_not_on_a_volume_keep_the_streamer_and_are_not_read_ahead() -> N
     )
     assert (load_format(cached), reads_ahead(cached)) == ("instanttensor", True)
     # The read-ahead looks a hub id up in HF_HOME, which is the model cache volume.
-    assert serving_invocation(cached).command[7:9] == ["org/model", "--"]
+    assert serving_invocation(cached).command[9:11] == ["org/model", "--"]
 
 
 def test_read_ahead_can_be_switched_either_way() -> None:
