@@ -90,15 +90,28 @@ def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() 
     assert not other.read_ahead
 
 
+def test_the_import_pages_are_a_regime_of_the_bootstrap_and_the_engine_start() -> None:
+    serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
+    command = read_ahead_command(["/models/m"], pages="/var/cache/vllm/stoker/import-pages-0123456789")
+    pages = engine_settings([*command, *serve], {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}, "hit", "0.26.0")
+    without = engine_settings([*read_ahead_command(["/models/m"]), *serve], {}, "hit", "0.26.0")
+    assert pages.import_pages and not without.import_pages
+    assert regime_of("bootstrap", pages) == "readahead=gentle,pages"
+    assert regime_of("engineStart", pages) == "engine=fork,pages"
+    assert regime_of("bootstrap", without) == "readahead=gentle"
+    # The default serving pods read them (a path on the cache volume in the argv, not the model's).
+    assert service_settings(on_a_volume(), "hit", "serve").import_pages
+
+
 @pytest.mark.parametrize(
     ("loader", "read_ahead", "bootstrap", "weight_load"),
     [
-        ({}, True, "readahead=gentle", "loader=instanttensor,readahead,gentle"),
+        ({}, True, "readahead=gentle,pages", "loader=instanttensor,readahead,gentle"),
         ({"readAhead": False}, False, "readahead=off", "loader=instanttensor"),
         (
             {"format": "runai_streamer", "readAhead": True},
             True,
-            "readahead=gentle",
+            "readahead=gentle,pages",
             "loader=runai_streamer,readahead,gentle",
         ),
         ({"format": "runai_streamer"}, False, "readahead=off", "loader=runai_streamer"),

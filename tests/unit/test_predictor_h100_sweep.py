@@ -25,6 +25,8 @@ FAST_RUN = SWEEP.parent / "predictor-h100-fast-logs"
 # does not model (the startup plan alone, fastsafetensors once, the libraries and cache read ahead too).
 FAST_PROFILES = "stock,stoker-seed,stoker,stoker-fast,stoker-readahead,stoker-instanttensor"
 GENTLE_RUN = SWEEP.parent / "predictor-h100-gentle-logs"
+# The default's starts with the import pages (its logs are the GPU run's own; the 8B facts are the same).
+PAGES_RUN = SWEEP.parent / "coldstart-h100-v0.26.0-pages-logs"
 
 
 @pytest.fixture
@@ -48,6 +50,15 @@ def fast_runs_dir(tmp_path: Path) -> Path:
 def gentle_runs_dir(tmp_path: Path) -> Path:
     out = tmp_path / "gentle-runs"
     command = [str(GENTLE_RUN), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
+    command += ["--engine-version", "0.26.0", "--profiles", "stoker", "--out", str(out)]
+    assert coldstart_runs(command) == 0
+    return out
+
+
+@pytest.fixture
+def pages_runs_dir(tmp_path: Path) -> Path:
+    out = tmp_path / "pages-runs"
+    command = [str(PAGES_RUN), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
     command += ["--engine-version", "0.26.0", "--profiles", "stoker", "--out", str(out)]
     assert coldstart_runs(command) == 0
     return out
@@ -95,11 +106,12 @@ def test_every_start_of_the_sweep_with_its_shapes_facts_and_settings(runs_dir: P
 
 
 def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
-    runs_dir: Path, fast_runs_dir: Path, gentle_runs_dir: Path, tmp_path: Path
+    runs_dir: Path, fast_runs_dir: Path, gentle_runs_dir: Path, pages_runs_dir: Path, tmp_path: Path
 ) -> None:
     out, shipped = tmp_path / "predictor-h100.json", tmp_path / f"{HARDWARE}.json"
     command = [str(runs_dir), "--hardware", HARDWARE]
     command += ["--other-host", str(fast_runs_dir), "--other-host", str(gentle_runs_dir)]
+    command += ["--other-host", str(pages_runs_dir)]
     command += ["--out", str(out), "--coefficients-out", str(shipped)]
     assert validate(command) == 0
     document = json.loads(out.read_text())
@@ -114,8 +126,8 @@ def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
     # The set's notes (fittedOn's last entry) are words given on the command line.
     assert (fitted.phases, fitted.observations) == (committed_set.phases, committed_set.observations)
     assert fitted.fitted_on == committed_set.fitted_on[:-1]
-    # The other hosts' starts add only the regimes the sweep never ran: the read-ahead (gentle or not) and
-    # InstantTensor.
+    # The other hosts' starts add only the regimes the sweep never ran: the read-ahead (gentle or not, with
+    # the import pages or not) and InstantTensor.
     other_host = [o for o in fitted.observations if o.label and o.label.startswith("l32-h4096/")]
     assert {o.label.split("/")[1] for o in other_host if o.label} == {
         "stoker-fast",
@@ -123,4 +135,4 @@ def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
         "stoker-instanttensor",
         "stoker",
     }
-    assert all(set(o.phases) <= {"bootstrap", "weightLoad"} for o in other_host)
+    assert all(set(o.phases) <= {"bootstrap", "weightLoad", "engineStart"} for o in other_host)

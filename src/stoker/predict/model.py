@@ -71,6 +71,9 @@ class EngineSettings(_Document):
     # ...held back to one reader with one request in flight until the engine process exists (its gentle
     # phase), so that the imports' page faults do not queue behind it.
     gentle_read_ahead: bool = False
+    # ...after the pages the seed recorded of a cold start's imports (`--pages`): the imports find them in
+    # memory, and the engine process's start shares the disk with the rest of the checkpoint.
+    import_pages: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
     engine_version: str | None = None
 

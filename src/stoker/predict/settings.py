@@ -27,6 +27,7 @@ _MAX_NUM_SEQS = "--max-num-seqs"
 # carries the program of its day.
 _READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
 _GENTLE_OPTION = prefetch.read_ahead_command([], gentle=1)[3]
+_PAGES_OPTION = prefetch.read_ahead_command([], pages="LISTING")[5]
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -71,6 +72,7 @@ def engine_settings(
         forked_engine=env.get("VLLM_WORKER_MULTIPROC_METHOD") == "fork",
         read_ahead=_reads_ahead(args),
         gentle_read_ahead=_reads_ahead_gently(args),
+        import_pages=_reads_import_pages(args),
         engine_version=engine_version,
     )
 
@@ -102,6 +104,11 @@ def _reads_ahead_gently(args: Sequence[str]) -> bool:
     """Whether the read-ahead has a gentle phase: `python3 -c PROGRAM --gentle BYTES ...` with BYTES > 0
     (the program before it had no such option and read with all readers from the start)."""
     return _reads_ahead(args) and len(args) > 4 and args[3] == _GENTLE_OPTION and args[4] != "0"
+
+
+def _reads_import_pages(args: Sequence[str]) -> bool:
+    """Whether the read-ahead reads the seed's import pages first: `--pages LISTING` among its options."""
+    return _reads_ahead(args) and _PAGES_OPTION in args[3 : list(args).index("--")]
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
