@@ -46,22 +46,22 @@ def fast_runs_dir(tmp_path: Path) -> Path:
     return out
 
 
-@pytest.fixture
-def gentle_runs_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "gentle-runs"
-    command = [str(GENTLE_RUN), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
+def default_runs(logs: Path, out: Path) -> Path:
+    """The default's (`stoker`) starts of an 8B profile run, as a RUNS_DIR."""
+    command = [str(logs), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
     command += ["--engine-version", "0.26.0", "--profiles", "stoker", "--out", str(out)]
     assert coldstart_runs(command) == 0
     return out
+
+
+@pytest.fixture
+def gentle_runs_dir(tmp_path: Path) -> Path:
+    return default_runs(GENTLE_RUN, tmp_path / "gentle-runs")
 
 
 @pytest.fixture
 def pages_runs_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "pages-runs"
-    command = [str(PAGES_RUN), "--facts", str(GENTLE_RUN / "facts.json"), "--shape", "l32-h4096"]
-    command += ["--engine-version", "0.26.0", "--profiles", "stoker", "--out", str(out)]
-    assert coldstart_runs(command) == 0
-    return out
+    return default_runs(PAGES_RUN, tmp_path / "pages-runs")
 
 
 def test_the_fast_runs_settings_come_from_each_starts_argv(fast_runs_dir: Path) -> None:
