@@ -73,9 +73,10 @@ def print_model_facts(argv):
 # The import pages: the seed evicts the image's Python files (everything under sys.path) from the page cache,
 # and once the server starts its engine process (its imports are done) records which pages of them and of
 # the files the server mapped are in the page cache (resident_pages), on the cache volume; serving pods'
-# read-ahead reads them first (render.prefetch). Measured on CPU
-# (bench/results/readahead-contention-cpu-import-pages.txt): a cold import took 15.4-17.7 s instead of
-# 18.5-23.9 s. Pages that other processes on the node keep mapped stay cached and are listed too.
+# read-ahead reads them first (render.prefetch). Measured on H100 hosts (bench/results/
+# coldstart-h100-v0.26.0-pages*.json): 1.7 GB recorded, the serving pods' imports 2.3-3.7 s shorter (means of
+# three runs). Pages that other processes on the node keep mapped stay cached and are listed too; the others
+# of the image's files are read from the disk by whatever on the node next needs them.
 SEED_WRAPPER = (
     SEED_MODEL_FACTS
     + "\n\n"
