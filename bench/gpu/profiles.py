@@ -55,6 +55,8 @@ class Variant:
     # The read-ahead's request size once all readers read (render.prefetch.read_ranges), if not the rendered
     # one; 0: each 16 MiB range in one request.
     request: int | None = None
+    # False: vLLM runs with its garbage collector on during its imports (exec'd, as before 2026-11-24).
+    defer_gc: bool = True
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
     note: str = ""
@@ -110,6 +112,13 @@ VARIANTS: dict[str, Variant] = {
         request=0,
         note="stoker with each 16 MiB range in one request (and the kernel's read-ahead), not 1 MiB "
         "requests, once all eight readers read",
+    ),
+    # Before 2026-11-24 (afternoon) the wrapper exec'd vLLM, whose imports ran with Python's collector on:
+    # ~1,600 collections over a heap growing to a million objects, ~1/6 of the import time on CPU.
+    "stoker-gc": Variant(
+        defer_gc=False,
+        note="stoker with vLLM exec'd, its garbage collector on during its imports and its heap not frozen "
+        "for the engine process",
     ),
     "stoker-nopages": Variant(
         import_pages=False,
@@ -218,7 +227,7 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     else:
         gentle = GENTLE_BYTES if variant.gentle is None else variant.gentle
         request = WIDE_REQUEST_BYTES if variant.request is None else variant.request
-        rendered = serving_invocation(svc, gentle, variant.import_pages, request)
+        rendered = serving_invocation(svc, gentle, variant.import_pages, request, variant.defer_gc)
     args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
     port = _flag_value(args, "--port")
     served = _flag_value(args, "--served-model-name")

@@ -10,6 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from stoker.render.prefetch import (
     GENTLE_BYTES,
     files_under,
@@ -17,6 +19,7 @@ from stoker.render.prefetch import (
     read_ahead,
     read_ahead_command,
     resident_pages,
+    script_of_this_python,
     server_has_child,
 )
 from stoker.render.seed import SEED_WRAPPER
@@ -113,6 +116,93 @@ def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: 
     # exec, not a child: the server runs as the container's own process.
     assert output.split()[0] == str(process.pid)
     assert output.strip().endswith("['--a', 'b']")
+
+
+# A console script of this interpreter, as pip writes them (`vllm`), that reports its collector before and
+# after it starts a child the way vLLM starts its engine process (forked or spawned), then exits 3.
+SERVER_SCRIPT = """#!{python}
+import gc, os, subprocess, sys, time
+
+def collector():
+    return f"on={{gc.isenabled()}} frozen={{gc.get_freeze_count() > 0}}"
+
+print("server", os.getpid(), sys.argv[1:], sys.path[0], collector(), flush=True)
+if sys.argv[1] == "fork":
+    child = os.fork()
+    if child == 0:
+        print("engine", collector(), flush=True)
+        os._exit(0)
+    os.waitpid(child, 0)
+else:
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    time.sleep(1)
+    engine.wait()
+print("after", collector(), flush=True)
+sys.exit(3)
+"""
+
+
+def console_script(directory: Path, name: str, python: str = sys.executable) -> Path:
+    directory.mkdir(exist_ok=True)
+    script = directory / name
+    script.write_text(SERVER_SCRIPT.format(python=python))
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_python_server_imports_without_its_collector_until_it_starts_its_engine(
+    tmp_path: Path, start: str
+) -> None:
+    script = console_script(tmp_path / "bin", "serve")
+    command = read_ahead_command([str(tmp_path / "absent")], defer_gc=True)
+    process = subprocess.Popen(
+        [sys.executable, *command[1:], "serve", start, "--a", "b"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"},
+    )
+    output, _ = process.communicate(timeout=60)
+    lines = dict(line.split(" ", 1) for line in output.splitlines())
+    assert process.returncode == 3
+    # In the wrapper's process (the container's own), with its arguments, run as python3 SCRIPT runs it.
+    arguments = f"['{start}', '--a', 'b']"
+    assert lines["server"] == f"{process.pid} {arguments} {script.parent} on=False frozen=False"
+    assert lines["after"] == "on=True frozen=True"
+    if start == "fork":
+        assert lines["engine"] == "on=True frozen=True"
+
+
+def test_a_server_of_another_interpreter_is_execd_with_its_collector_as_it_is(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    (elsewhere / "python3").symlink_to(sys.executable)
+    script = console_script(tmp_path / "bin", "serve", python=str(elsewhere / "python3"))
+    command = read_ahead_command([str(tmp_path / "absent")], defer_gc=True)
+    process = subprocess.run(
+        [sys.executable, *command[1:], "serve", "fork"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"},
+    )
+    assert process.returncode == 3
+    assert "on=True frozen=False" in process.stdout.splitlines()[0]
+    assert f"stoker: serve is not a script of {sys.executable}: exec'd" in process.stderr
+
+
+def test_a_script_of_this_python_is_named_by_its_path_or_through_env(tmp_path: Path, monkeypatch) -> None:
+    here = console_script(tmp_path / "bin", "here")
+    (tmp_path / "bin" / "through-env").write_text(f"#!/usr/bin/env {Path(sys.executable).name}\n")
+    (tmp_path / "bin" / "through-env").chmod(0o755)
+    (tmp_path / "bin" / "shell").write_text("#!/bin/sh\nexec true\n")
+    (tmp_path / "bin" / "shell").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert script_of_this_python("here") == str(here)
+    assert script_of_this_python("through-env") == str(tmp_path / "bin" / "through-env")
+    assert script_of_this_python("shell") is None
+    assert script_of_this_python("absent-command") is None
+    assert script_of_this_python(sys.executable) is None  # a binary, not a script
 
 
 def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begins() -> None:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable
 
 from stoker.api import VLLMService
@@ -265,23 +267,87 @@ def server_has_child(server: int, reader: int) -> bool:
     return False
 
 
+def script_of_this_python(name: str) -> str | None:
+    """The path of console script `name` when its `#!` line names this interpreter (same directory and same
+    binary: a venv's pythons are links to one system binary), else None."""
+    import shutil
+
+    path = shutil.which(name)
+    try:
+        with open(path or "", "rb") as script:
+            line = script.readline(1024)
+    except OSError:
+        return None
+    words = [os.fsdecode(word) for word in line[2:].split()] if line.startswith(b"#!") else []
+    if words[:1] and os.path.basename(words[0]) == "env":
+        words = words[1:]
+    interpreter = shutil.which(words[0]) if len(words) == 1 else None
+    if interpreter is None:
+        return None
+    same_directory = os.path.dirname(os.path.abspath(interpreter)) == os.path.dirname(sys.executable)
+    same_binary = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    return path if same_directory and same_binary else None
+
+
+def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None:
+    """Run the Python console script in this process with the cyclic garbage collector off until the server
+    starts a child other than `reader` (its imports are done), then freeze what the imports built (later
+    collections, the forked engine's included, skip it, as vLLM's own gc.freeze after start-up does) and turn
+    the collector on."""
+    import gc
+    import runpy
+
+    collecting = threading.Event()
+
+    def collect_from_now_on() -> None:
+        if not collecting.is_set():
+            collecting.set()
+            gc.freeze()
+            gc.enable()
+
+    def watch() -> None:
+        while not collecting.is_set() and not server_has_child(os.getpid(), reader):
+            time.sleep(0.5)  # late is harmless: the collector stays off a little longer
+        collect_from_now_on()
+
+    gc.disable()
+    # A forked engine process starts with the collector on; a spawned one is a child that watch sees.
+    os.register_at_fork(before=collect_from_now_on)
+    threading.Thread(target=watch, daemon=True).start()
+    sys.argv = [script, *arguments]
+    if sys.path[:1] == [""]:
+        sys.path[0] = os.path.dirname(script)  # what python3 SCRIPT puts first, not the working directory
+    runpy.run_path(script, run_name="__main__")
+
+
 READ_AHEAD_PROGRAM = (
     "from __future__ import annotations\n\nimport os, sys, threading, time\n\n\n"
-    + "\n\n".join(inspect.getsource(f) for f in (read_ranges, checkpoint_ranges, listed_ranges, read_ahead))
-    + "\n\n"
-    + inspect.getsource(server_has_child)
+    + "\n\n".join(
+        inspect.getsource(f)
+        for f in (
+            read_ranges,
+            checkpoint_ranges,
+            listed_ranges,
+            read_ahead,
+            server_has_child,
+            script_of_this_python,
+            run_with_deferred_gc,
+        )
+    )
     + """
 
 arguments = sys.argv[1:]
 split = arguments.index("--")
 options, command = arguments[:split], arguments[split + 1 :]
-settings = {"--gentle": "0", "--request": "0", "--pages": ""}
-while options[:1] and options[0] in settings:  # --gentle BYTES [--request BYTES] [--pages LISTING] PATH...
+settings = {"--gentle": "0", "--request": "0", "--pages": "", "--gc": "on"}
+# --gentle BYTES [--request BYTES] [--pages LISTING] [--gc deferred] PATH...
+while options[:1] and options[0] in settings:
     settings[options[0]], options = options[1], options[2:]
 gentle, request, pages = int(settings["--gentle"]), int(settings["--request"]), settings["--pages"]
 paths = options
 server = os.getpid()
-if os.fork() == 0:
+reader = os.fork()
+if reader == 0:
     # The reader: out of the imports' way on the CPU, gone with the server's process group.
     os.nice(10)
     began, widened = time.monotonic(), []
@@ -303,16 +369,23 @@ if os.fork() == 0:
         print(f"stoker read-ahead: {read} bytes in {seconds:.1f} s, {how}", file=sys.stderr, flush=True)
     finally:
         os._exit(0)
-os.execvp(command[0], command)
+script = script_of_this_python(command[0]) if settings["--gc"] == "deferred" else None
+if script:
+    run_with_deferred_gc(script, command[1:], reader)
+else:
+    if settings["--gc"] == "deferred":
+        print(f"stoker: {command[0]} is not a script of {sys.executable}: exec'd", file=sys.stderr)
+    os.execvp(command[0], command)
 """
 )
 
 
 def read_ahead_command(
-    paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "", request: int = 0
+    paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "", request: int = 0, defer_gc: bool = False
 ) -> list[str]:
     """The command that runs READ_AHEAD_PROGRAM over `paths` (after the pages listed in `pages`, if
-    given; in requests of at most `request` bytes, if given); the server's argv follows."""
+    given; in requests of at most `request` bytes, if given; the server in this process with its garbage
+    collector off during its imports, if `defer_gc`); the server's argv follows."""
     options = ["--gentle", str(gentle), *(["--request", str(request)] if request else [])]
     return [
         "python3",
@@ -320,6 +393,7 @@ def read_ahead_command(
         READ_AHEAD_PROGRAM,
         *options,
         *(["--pages", pages] if pages else []),
+        *(["--gc", "deferred"] if defer_gc else []),
         *paths,
         "--",
     ]
@@ -337,16 +411,18 @@ def serving_invocation(
     gentle: int = GENTLE_BYTES,
     import_pages: bool = True,
     request: int = WIDE_REQUEST_BYTES,
+    defer_gc: bool = True,
 ) -> EngineInvocation:
     """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
-    `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off). The wrapper
+    `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off; running
+    vLLM with its garbage collector off until its imports are done, unless `defer_gc` is off). The wrapper
     is outside the compile-cache key's factors (render.cachekey reads engine_invocation): it changes what is
-    in the page cache, not what vLLM compiles."""
+    in the page cache and when Python collects, not what vLLM compiles."""
     engine = engine_invocation(svc, "serve")
     if not reads_ahead(svc):
         return engine
     pages = import_pages_listing(svc) if import_pages else ""
-    wrapper = read_ahead_command([model_string(svc)], gentle, pages, request)
+    wrapper = read_ahead_command([model_string(svc)], gentle, pages, request, defer_gc)
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
