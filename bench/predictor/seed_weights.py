@@ -24,7 +24,7 @@ from stoker.predict.facts import with_logged_weights
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DEFAULT_LOGS = (
-    "coldstart-h100-logs",
+    "coldstart-h100-v0.22.1-logs",
     "coldstart-h100-v0.26.0-logs",
     "coldstart-h200x2-tp2-logs",
     "predictor-h100-logs",

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results" / "coldstart-h100-v0.26.0-pages.json"
+RESULTS = REPO / "bench" / "results" / "coldstart-h100.json"
 MANIFEST = REPO / "bench" / "gpu" / "llama-8b.json"
 
 
@@ -22,7 +22,7 @@ def test_the_measured_default_and_levers_are_rendered_as_they_ran(monkeypatch) -
     assert results["default"] == profiles.DEFAULT_PROFILE == "stoker"
     svc = profiles.load_service(str(MANIFEST))
     serving = {name: ran for name, ran in results["profiles"].items() if name not in ("stock", "stoker-seed")}
-    assert {"stoker", "stoker-nopages"} <= set(serving)
+    assert {"stoker", "stoker-gc"} <= set(serving)
     for name, ran in serving.items():
         rendered = profiles.serve_invocation(svc, name)
         assert (rendered.argv, rendered.env) == (ran["argv"], ran["env"]), name

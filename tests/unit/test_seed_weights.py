@@ -18,7 +18,7 @@ from tests.unit.test_predict_fleet import FACTS as LLAMA_8B
 PHASES = Path(__file__).parent / "data" / "phases"
 RESULTS = Path(__file__).parents[2] / "bench" / "results"
 GIB = 1 << 30
-# The 8B benchmark model's safetensors files (bench/results/coldstart-h100-logs/model.json).
+# The 8B benchmark model's safetensors files (bench/results/coldstart-h100-v0.22.1-logs/model.json).
 SYNTH_8B_BYTES = 16060522496
 CPU_RELEASES = ("0.22.1", "0.25.1", "0.26.0", "0.28.0", "0.30.0", "0.32.0")
 # A hub snapshot's facts line: the 8B model's config and tokenizer, no weight files.
@@ -61,7 +61,7 @@ def test_each_release_reads_the_wordings_it_prints() -> None:
 
 def test_every_dummy_weight_seed_of_the_gpu_benchmarks_tells_its_checkpoint_within_0_1_percent() -> None:
     """What bench/results/seed-weights.txt prints: 0.22.1 and 0.26.0, one GPU and tensor parallel 2."""
-    directories = ("coldstart-h100-logs", "coldstart-h100-v0.26.0-logs", "coldstart-h200x2-tp2-logs")
+    directories = ("coldstart-h100-v0.22.1-logs", "coldstart-h100-v0.26.0-logs", "coldstart-h200x2-tp2-logs")
     runs = [run for name in (*directories, "predictor-h100-logs") for run in seed_runs(RESULTS / name)]
     assert len(runs) == 16
     assert {run.engine_version for run in runs} == {"0.22.1", "0.26.0"}
