@@ -112,9 +112,10 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # Ignored by the key; a cluster workload should not report usage.
         "VLLM_NO_USAGE_STATS": "1",
         # vLLM's CLI forces spawn, so the engine process and every tensor-parallel worker import
-        # everything again. Measured (bench/results/coldstart-h100-v0.22.1.json): engine start 13.0 -> 3.5 s on one
-        # H100, 22.7 -> 3.9 s with TP 2; decode speed unchanged; streamer and sleep mode work. vLLM falls
-        # back to spawn by itself where CUDA is already initialised. Ignored by the key; runtime.env wins.
+        # everything again. Measured (bench/results/coldstart-h100-v0.22.1.json): engine start
+        # 13.0 -> 3.5 s on one H100, 22.7 -> 3.9 s with TP 2; decode speed unchanged; streamer and
+        # sleep mode work. vLLM falls back to spawn by itself where CUDA is already initialised.
+        # Ignored by the key; runtime.env wins.
         "VLLM_WORKER_MULTIPROC_METHOD": "fork",
     }
     for name, directory in profile.cache_env:
