@@ -52,7 +52,7 @@ def test_weights_on_a_volume_are_predicted_read_ahead_with_instanttensor(
     assert main([model_dir, "-f", str(manifest), "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["settings"]["readAhead"] and document["settings"]["loader"] == "instanttensor"
-    assert document["regimes"]["bootstrap"] == "readahead=gentle,pages"
+    assert document["regimes"]["bootstrap"] == "readahead=gentle,pages,nogc"
     assert document["regimes"]["weightLoad"] == "loader=instanttensor,readahead,gentle"
     assert not document["prediction"]["fallbacks"]
 

@@ -103,15 +103,30 @@ def test_the_import_pages_are_a_regime_of_the_bootstrap_and_the_engine_start() -
     assert service_settings(on_a_volume(), "hit", "serve").import_pages
 
 
+def test_the_deferred_collector_is_a_regime_of_the_bootstrap_and_the_engine_start() -> None:
+    serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
+    pages = "/var/cache/vllm/stoker/import-pages-0123456789"
+    deferred = read_ahead_command(["/models/m"], pages=pages, defer_gc=True)
+    fork = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    settings = engine_settings([*deferred, *serve], fork, "hit", "0.26.0")
+    collected = read_ahead_command(["/models/m"], pages=pages)
+    without = engine_settings([*collected, *serve], fork, "hit", "0.26.0")
+    assert settings.deferred_gc and not without.deferred_gc
+    assert regime_of("bootstrap", settings) == "readahead=gentle,pages,nogc"
+    assert regime_of("engineStart", settings) == "engine=fork,pages,nogc"
+    assert regime_of("engineStart", without) == "engine=fork,pages"
+    assert service_settings(on_a_volume(), "hit", "serve").deferred_gc
+
+
 @pytest.mark.parametrize(
     ("loader", "read_ahead", "bootstrap", "weight_load"),
     [
-        ({}, True, "readahead=gentle,pages", "loader=instanttensor,readahead,gentle"),
+        ({}, True, "readahead=gentle,pages,nogc", "loader=instanttensor,readahead,gentle"),
         ({"readAhead": False}, False, "readahead=off", "loader=instanttensor"),
         (
             {"format": "runai_streamer", "readAhead": True},
             True,
-            "readahead=gentle,pages",
+            "readahead=gentle,pages,nogc",
             "loader=runai_streamer,readahead,gentle",
         ),
         ({"format": "runai_streamer"}, False, "readahead=off", "loader=runai_streamer"),

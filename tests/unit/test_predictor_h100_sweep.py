@@ -27,6 +27,8 @@ FAST_PROFILES = "stock,stoker-seed,stoker,stoker-fast,stoker-readahead,stoker-in
 GENTLE_RUN = SWEEP.parent / "predictor-h100-gentle-logs"
 # The default's starts with the import pages (its logs are the GPU run's own; the 8B facts are the same).
 PAGES_RUN = SWEEP.parent / "coldstart-h100-v0.26.0-pages-logs"
+# ...and with vLLM's imports off the garbage collector (the run whose `stoker` is today's default).
+GC_RUN = SWEEP.parent / "coldstart-h100-logs"
 
 
 @pytest.fixture
@@ -62,6 +64,11 @@ def gentle_runs_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def pages_runs_dir(tmp_path: Path) -> Path:
     return default_runs(PAGES_RUN, tmp_path / "pages-runs")
+
+
+@pytest.fixture
+def gc_runs_dir(tmp_path: Path) -> Path:
+    return default_runs(GC_RUN, tmp_path / "gc-runs")
 
 
 def test_the_fast_runs_settings_come_from_each_starts_argv(fast_runs_dir: Path) -> None:
@@ -106,12 +113,17 @@ def test_every_start_of_the_sweep_with_its_shapes_facts_and_settings(runs_dir: P
 
 
 def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
-    runs_dir: Path, fast_runs_dir: Path, gentle_runs_dir: Path, pages_runs_dir: Path, tmp_path: Path
+    runs_dir: Path,
+    fast_runs_dir: Path,
+    gentle_runs_dir: Path,
+    pages_runs_dir: Path,
+    gc_runs_dir: Path,
+    tmp_path: Path,
 ) -> None:
     out, shipped = tmp_path / "predictor-h100.json", tmp_path / f"{HARDWARE}.json"
     command = [str(runs_dir), "--hardware", HARDWARE]
     command += ["--other-host", str(fast_runs_dir), "--other-host", str(gentle_runs_dir)]
-    command += ["--other-host", str(pages_runs_dir)]
+    command += ["--other-host", str(pages_runs_dir), "--other-host", str(gc_runs_dir)]
     command += ["--out", str(out), "--coefficients-out", str(shipped)]
     assert validate(command) == 0
     document = json.loads(out.read_text())
@@ -127,7 +139,7 @@ def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
     assert (fitted.phases, fitted.observations) == (committed_set.phases, committed_set.observations)
     assert fitted.fitted_on == committed_set.fitted_on[:-1]
     # The other hosts' starts add only the regimes the sweep never ran: the read-ahead (gentle or not, with
-    # the import pages or not) and InstantTensor.
+    # the import pages or not, with the collector deferred or not) and InstantTensor.
     other_host = [o for o in fitted.observations if o.label and o.label.startswith("l32-h4096/")]
     assert {o.label.split("/")[1] for o in other_host if o.label} == {
         "stoker-fast",

@@ -28,6 +28,7 @@ _MAX_NUM_SEQS = "--max-num-seqs"
 _READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
 _GENTLE_OPTION = prefetch.read_ahead_command([], gentle=1)[3]
 _PAGES_OPTION = prefetch.read_ahead_command([], pages="LISTING")[5]
+_DEFERRED_GC_OPTION = prefetch.read_ahead_command([], defer_gc=True)[5:7]
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -73,6 +74,7 @@ def engine_settings(
         read_ahead=_reads_ahead(args),
         gentle_read_ahead=_reads_ahead_gently(args),
         import_pages=_reads_import_pages(args),
+        deferred_gc=_defers_gc(args),
         engine_version=engine_version,
     )
 
@@ -109,6 +111,15 @@ def _reads_ahead_gently(args: Sequence[str]) -> bool:
 def _reads_import_pages(args: Sequence[str]) -> bool:
     """Whether the read-ahead reads the seed's import pages first: `--pages LISTING` among its options."""
     return _reads_ahead(args) and _PAGES_OPTION in args[3 : list(args).index("--")]
+
+
+def _defers_gc(args: Sequence[str]) -> bool:
+    """Whether the read-ahead runs vLLM with the garbage collector off during its imports: `--gc deferred`
+    among its options."""
+    if not _reads_ahead(args):
+        return False
+    options = list(args[3 : list(args).index("--")])
+    return any(options[at : at + 2] == _DEFERRED_GC_OPTION for at in range(len(options) - 1))
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
