@@ -7,7 +7,7 @@ times one full collection of the import heap as it is and after gc.freeze (what 
 engine process starts). The two variants alternate; one JSON line per trial, then the medians. On the H100
 the deferred collector took the default's imports from 17.0 to 13.1 s (bench/results/coldstart-h100.json).
 
-usage: .venv/bin/python bench/readahead/gc_imports.py [--repetitions 5] [--venv DIR]
+usage: .venv/bin/python -m bench.readahead.gc_imports [--repetitions 5] [--venv DIR]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if sys.argv[1] == "off":
 began = time.perf_counter()
 import vllm.entrypoints.cli.serve
 imported = time.perf_counter() - began
+during_import = len(collections)
 gc.enable()
 began = time.perf_counter()
 gc.collect()
@@ -37,7 +38,7 @@ gc.freeze()
 began = time.perf_counter()
 gc.collect()
 frozen = time.perf_counter() - began
-print(json.dumps({"gc": sys.argv[1], "importSeconds": round(imported, 2), "collections": len(collections),
+print(json.dumps({"gc": sys.argv[1], "importSeconds": round(imported, 2), "collections": during_import,
                   "fullCollectSeconds": round(full, 3), "frozenCollectSeconds": round(frozen, 3),
                   "objects": len(gc.get_objects()) + gc.get_freeze_count()}))
 """

@@ -17,10 +17,12 @@ without the kernel's own read-ahead; then all read.
 
 With `--gc deferred` (rendered by default) the program runs `vllm`'s console script in its own process, as
 `python3 SCRIPT` would, with the cyclic garbage collector off until the engine process starts, and then
-freezes the import heap: vLLM's imports allocate millions of objects and CPython collects ~1,600 times on
-the way, each pass walking a growing heap. Measured on an H100 (bench/results/coldstart-h100.json, 6
-repetitions): imports 13.1 s instead of 17.0 s (means), ready 26.6 s instead of 31.6 s (medians), decode
-unchanged. A `vllm` that is not a script of this python3 is exec'd as before.
+freezes the import heap: vLLM's imports leave ~650,000 objects that the collector tracks, and CPython
+collects ~1,600 times on the way, each older-generation pass walking a growing heap (~1.2 s of a 6.7 s
+warm import on CPU, bench/results/gc-imports-cpu.txt). Measured on two H100 hosts
+(bench/results/coldstart-h100.json and -run5.json, 6 repetitions each): imports 13.1 and 14.9 s instead of
+17.0 and 19.3 s (means), ready 26.6 and 27.6 s instead of 31.6 and 37.6 s (medians), decode unchanged. A
+`vllm` that is not a script of this python3 is exec'd as before.
 """
 
 from __future__ import annotations
