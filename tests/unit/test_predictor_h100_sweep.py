@@ -27,8 +27,8 @@ FAST_PROFILES = "stock,stoker-seed,stoker,stoker-fast,stoker-readahead,stoker-in
 GENTLE_RUN = SWEEP.parent / "predictor-h100-gentle-logs"
 # The default's starts with the import pages (its logs are the GPU run's own; the 8B facts are the same).
 PAGES_RUN = SWEEP.parent / "coldstart-h100-v0.26.0-pages-logs"
-# ...and with vLLM's imports off the garbage collector (the run whose `stoker` is today's default).
-GC_RUN = SWEEP.parent / "coldstart-h100-logs"
+# ...and with vLLM's imports off the garbage collector (the two runs whose `stoker` is today's default).
+GC_RUNS = [SWEEP.parent / "coldstart-h100-logs", SWEEP.parent / "coldstart-h100-run5-logs"]
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ def pages_runs_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def gc_runs_dir(tmp_path: Path) -> Path:
-    return default_runs(GC_RUN, tmp_path / "gc-runs")
+def gc_runs_dirs(tmp_path: Path) -> list[Path]:
+    return [default_runs(logs, tmp_path / f"gc-runs-{logs.name}") for logs in GC_RUNS]
 
 
 def test_the_fast_runs_settings_come_from_each_starts_argv(fast_runs_dir: Path) -> None:
@@ -117,13 +117,14 @@ def test_held_out_shapes_meet_the_acceptance_and_the_shipped_set_is_this_fit(
     fast_runs_dir: Path,
     gentle_runs_dir: Path,
     pages_runs_dir: Path,
-    gc_runs_dir: Path,
+    gc_runs_dirs: list[Path],
     tmp_path: Path,
 ) -> None:
     out, shipped = tmp_path / "predictor-h100.json", tmp_path / f"{HARDWARE}.json"
     command = [str(runs_dir), "--hardware", HARDWARE]
     command += ["--other-host", str(fast_runs_dir), "--other-host", str(gentle_runs_dir)]
-    command += ["--other-host", str(pages_runs_dir), "--other-host", str(gc_runs_dir)]
+    command += ["--other-host", str(pages_runs_dir)]
+    command += [argument for runs in gc_runs_dirs for argument in ("--other-host", str(runs))]
     command += ["--out", str(out), "--coefficients-out", str(shipped)]
     assert validate(command) == 0
     document = json.loads(out.read_text())
