@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from bench.conformance.versions import default_version, venv_path, venv_ready
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
@@ -230,3 +231,16 @@ def admin_operator_paused(operator: Operator) -> Iterator[None]:
         yield
     finally:
         operator.start()
+
+
+@pytest.fixture(scope="session")
+def engine_venv() -> Path:
+    """Real vLLM (CPU build) of stoker's default version, as `make test` installs it (hack/vllm-venv):
+    skipped without it, failed under CI."""
+    version = default_version()
+    if not venv_ready(version):
+        message = f"no vLLM {version} venv at {venv_path(version)}: run hack/vllm-venv {version}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return venv_path(version)

@@ -12,14 +12,13 @@ venv fails the test instead of skipping it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 from bench.conformance import checks, tiny_model
 from bench.conformance.process import RecordedProcess, complete, free_port, wait_healthy
 from bench.conformance.swaps import LocalRun, container_argv, local_argv, local_env
-from bench.conformance.versions import default_version, venv_path, venv_ready
+from bench.conformance.versions import default_version
 from hack.kwoklogs import print_recording, serve_log, started_at
 
 from stoker.phases import KUBERNETES_PHASES, parse_log
@@ -30,17 +29,6 @@ pytestmark = pytest.mark.e2e
 
 START_TIMEOUT_SECONDS = 1500
 SERVED_NAME = "tiny"
-
-
-@pytest.fixture(scope="module")
-def engine_venv():
-    version = default_version()
-    if not venv_ready(version):
-        message = f"no vLLM {version} venv at {venv_path(version)}: run hack/vllm-venv {version}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return venv_path(version)
 
 
 @pytest.mark.timeout(START_TIMEOUT_SECONDS + 300)
