@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: a real control plane (hack/cluster) for e2e tests.
+"""Shared pytest fixtures: a real control plane (hack/cluster) for e2e tests, and real vLLM (CPU build).
 
 The control plane is started once per session on its own work dir and ports, so it never collides
 with a developer's `hack/cluster up`; it is torn down at the end unless STOKER_KEEP_CLUSTER=1.
