@@ -28,7 +28,7 @@ _MAX_NUM_SEQS = "--max-num-seqs"
 _READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
 _GENTLE_OPTION = prefetch.read_ahead_command([], gentle=1)[3]
 _PAGES_OPTION = prefetch.read_ahead_command([], pages="LISTING")[5]
-_DEFERRED_GC_OPTION = prefetch.read_ahead_command([], defer_gc=True)[5:7]
+_DEFERRED_GC_OPTION = tuple(prefetch.read_ahead_command([], defer_gc=True)[5:7])
 _DEFAULT_LOADER = "auto"
 # compilation-config `mode` and `cudagraph_mode` values that switch torch.compile / graph capture off.
 _NO_COMPILE = {0, "0", "NONE", "none"}
@@ -102,24 +102,32 @@ def _reads_ahead(args: Sequence[str]) -> bool:
     return len(args) > 2 and args[1] == "-c" and _READ_AHEAD_DEFINITION in args[2]
 
 
+def _read_ahead_options(args: Sequence[str]) -> dict[str, str]:
+    """The read-ahead's options as its program reads them: `--name value` pairs after `-c PROGRAM`, up to the
+    first path (a recorded run of an earlier program may have none); empty without the read-ahead."""
+    options: dict[str, str] = {}
+    rest = list(args[3:]) if _reads_ahead(args) else []
+    while len(rest) > 1 and rest[0].startswith("--") and rest[0] != "--":
+        options[rest[0]], rest = rest[1], rest[2:]
+    return options
+
+
 def _reads_ahead_gently(args: Sequence[str]) -> bool:
-    """Whether the read-ahead has a gentle phase: `python3 -c PROGRAM --gentle BYTES ...` with BYTES > 0
-    (the program before it had no such option and read with all readers from the start)."""
-    return _reads_ahead(args) and len(args) > 4 and args[3] == _GENTLE_OPTION and args[4] != "0"
+    """Whether the read-ahead has a gentle phase: `--gentle BYTES` with BYTES > 0 (the program before it had
+    no such option and read with all readers from the start)."""
+    return _read_ahead_options(args).get(_GENTLE_OPTION, "0") != "0"
 
 
 def _reads_import_pages(args: Sequence[str]) -> bool:
     """Whether the read-ahead reads the seed's import pages first: `--pages LISTING` among its options."""
-    return _reads_ahead(args) and _PAGES_OPTION in args[3 : list(args).index("--")]
+    return _PAGES_OPTION in _read_ahead_options(args)
 
 
 def _defers_gc(args: Sequence[str]) -> bool:
     """Whether the read-ahead runs vLLM with the garbage collector off during its imports: `--gc deferred`
     among its options."""
-    if not _reads_ahead(args):
-        return False
-    options = list(args[3 : list(args).index("--")])
-    return any(options[at : at + 2] == _DEFERRED_GC_OPTION for at in range(len(options) - 1))
+    option, value = _DEFERRED_GC_OPTION
+    return _read_ahead_options(args).get(option) == value
 
 
 def _parse(args: list[str], profile: EngineProfile) -> _Arguments:
