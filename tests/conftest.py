@@ -21,7 +21,7 @@ from bench.conformance.versions import default_version, venv_path, venv_ready
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
-ARTIFACTS = REPO / ".artifacts" / "e2e"
+ARTIFACTS = Path(os.environ.get("STOKER_TEST_ARTIFACTS", REPO / ".artifacts" / "e2e"))
 
 
 @dataclass(frozen=True)
