@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
@@ -26,6 +27,16 @@ CONFLICT_RETRIES = 5
 CONFLICT_BACKOFF_SECONDS = 0.2
 
 
+@dataclass(frozen=True)
+class RecordOutcome:
+    """What became of one observed start: the keys that did not parse and were replaced, and, when the
+    start was not recorded (implausible, or the write was refused or failed), why, in words for its
+    VLLMService's status."""
+
+    garbled: list[str] = field(default_factory=list)
+    refused: str | None = None
+
+
 class CoefficientStore:
     def __init__(self, kube: Kube, namespace: str, name: str, observations_per_class: int) -> None:
         self.kube = kube
@@ -36,8 +47,9 @@ class CoefficientStore:
         self._data: dict[str, str] = {}
         self._read_at: float | None = None
 
-    def coefficients(self, hardware: HardwareClass) -> CoefficientSet | None:
-        """The fleet's refitted set for `hardware`, else the shipped one nearest to it, else None."""
+    def coefficients(self, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
+        """For a start in `namespace`: the fleet's refitted set for `hardware`, else the shipped one
+        nearest to it, else None."""
         with self._guard:
             if self._read_at is None or time.monotonic() - self._read_at > REFRESH_SECONDS:
                 self._read_at = time.monotonic()  # a failed read is not repeated before the next refresh
@@ -48,9 +60,9 @@ class CoefficientStore:
             fleet = read_fleet(self._data, hardware)
         return fleet.coefficients or shipped(hardware)
 
-    def record(self, hardware: HardwareClass, observation: Observation) -> list[str]:
-        """Add one observed start and refit `hardware`'s coefficients from the shipped set as prior;
-        returns the keys that did not parse and were replaced."""
+    def record(self, namespace: str, hardware: HardwareClass, observation: Observation) -> RecordOutcome:
+        """Add one observed start of `namespace` and refit `hardware`'s coefficients from the shipped set
+        as prior."""
         prior = shipped(hardware)
         with self._guard:
             for attempt in range(CONFLICT_RETRIES):
@@ -59,7 +71,7 @@ class CoefficientStore:
                     data = dict(configmap.get("data") or {})
                     changes, garbled = with_observation(data, hardware, observation, prior, self.limit)
                     if not changes:
-                        return []
+                        return RecordOutcome()
                     patch = {
                         "metadata": {"resourceVersion": configmap["metadata"]["resourceVersion"]},
                         "data": changes,
@@ -69,13 +81,16 @@ class CoefficientStore:
                     if error.status != 409:
                         # The start stays in status; only the fleet's fit misses it.
                         log.warning("Recording a start failed%s: %s", self._where(), error.status)
-                        return []
+                        return RecordOutcome(refused=f"{self._what()} refused the write ({error.status})")
                     time.sleep(CONFLICT_BACKOFF_SECONDS * (attempt + 1))
                     continue
                 self._data, self._read_at = dict(written.get("data") or {}), time.monotonic()
-                return garbled
+                return RecordOutcome(garbled=garbled)
         log.warning("Recording a start gave up after %d conflicts%s", CONFLICT_RETRIES, self._where())
-        return []
+        return RecordOutcome(refused=f"{self._what()} kept changing: gave up after {CONFLICT_RETRIES} tries")
+
+    def _what(self) -> str:
+        return f"ConfigMap {self.namespace}/{self.name}"
 
     def _where(self) -> str:
         return f" configmap={self.namespace}/{self.name}"

@@ -753,7 +753,7 @@ class Reconciler:
                 observation = Observation(
                     facts=facts, settings=settings, phases=start.engine_phases, label=start.label
                 )
-                garbled = self.coefficients.record(hardware, observation)
+                garbled = self.coefficients.record(meta["namespace"], hardware, observation).garbled
             except ValueError as error:  # the start stays in status; only the fleet's fit misses it
                 log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
                 continue
@@ -793,7 +793,7 @@ class Reconciler:
         cache_state: CompileCache = "hit" if seeded else "miss"
         try:
             settings = service_settings(svc, cache_state)
-            coefficients = self.coefficients.coefficients(hardware)
+            coefficients = self.coefficients.coefficients(str(svc.namespace), hardware)
             if coefficients is None:
                 return {"reason": f"no startup coefficients for hardware class {hardware.key}"}
             prediction = predict(facts, settings, coefficients)
