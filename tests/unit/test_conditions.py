@@ -10,7 +10,7 @@ from stoker.controller.conditions import (
     ready_condition,
 )
 from stoker.controller.diagnose import Problem
-from stoker.controller.reconcile import job_outcome
+from stoker.controller.objects import job_outcome
 
 
 def test_transition_time_moves_only_when_the_status_flips():

@@ -22,6 +22,12 @@ def test_a_merge_patch_removes_what_the_new_document_dropped():
     after = {"startup": {"history": [1, 2]}, "cache": {"key": "k"}}
     assert merge_patch(before, after) == {
         "startup": {"history": [1, 2], "last": None},
-        "cache": {"key": "k", "lastHit": None},
+        "cache": {"lastHit": None},
     }
     assert merge_patch({}, after) == after
+
+
+def test_a_merge_patch_leaves_out_what_did_not_change():
+    # The reconcile copies status.startup as it read it; the recorder may have written a newer one since.
+    before = {"startup": {"last": {"pod": "a"}}, "replicas": 1}
+    assert merge_patch(before, {"startup": {"last": {"pod": "a"}}, "replicas": 2}) == {"replicas": 2}

@@ -1039,6 +1039,13 @@ class ExpectedStartup(_StatusModel):
     )
 
 
+class StartupRecording(_StatusModel):
+    """Why the last observed start did not reach the fleet's startup coefficients."""
+
+    refused: str = Field(max_length=1024, description="What refused or failed to record it.")
+    at: datetime | None = Field(default=None, description="When.")
+
+
 class StartupStatus(_StatusModel):
     """Where replicas' start-up seconds went, parsed from their logs, and where they are expected to go."""
 
@@ -1056,6 +1063,11 @@ class StartupStatus(_StatusModel):
     )
     expected: ExpectedStartup | None = Field(
         default=None, description="Predicted phases of the next serving start (stoker.predict)."
+    )
+    recording: StartupRecording | None = Field(
+        default=None,
+        description="Set while observed starts cannot be added to the fleet's startup coefficients; cleared"
+        " by the next start recorded.",
     )
 
 

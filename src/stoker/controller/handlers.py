@@ -47,8 +47,10 @@ def pod_ready(body: kopf.Body, **_: Any) -> bool:
     return pod_is_ready(dict(body))
 
 
-def register(queue: WorkQueue) -> None:
-    """Register the handlers on kopf's default registry (it carries kopf's login handlers)."""
+def register(queue: WorkQueue, startups: WorkQueue) -> None:
+    """Register the handlers on kopf's default registry (it carries kopf's login handlers). `startups` is
+    the startup recorder's queue: a pod turning Ready, a seed Job finishing and a rollout's end are its
+    news too."""
 
     # New objects and spec edits apply every child, first. The listing at start names every object once
     # (a key's first run is a resync); status-only changes, such as the operator's own, bring nothing.
@@ -70,3 +72,4 @@ def register(queue: WorkQueue) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
             queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
+            startups.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)

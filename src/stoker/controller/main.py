@@ -18,6 +18,7 @@ from stoker.controller.kube import Kube, load_config
 from stoker.controller.leader import lead
 from stoker.controller.reconcile import Reconciler
 from stoker.controller.settings import OperatorSettings
+from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import WorkQueue
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -43,13 +44,19 @@ def main(argv: list[str]) -> int:
             print(f"cannot get the control key: {error}", file=sys.stderr)
             return 2
         settings = settings.model_copy(update={"control_key": SecretStr(key)})
-    reconciler = Reconciler(kube, settings)
+    startups = StartupRecorder(kube, settings)
+    reconciler = Reconciler(kube, settings, startups)
     queue = WorkQueue(reconciler.reconcile, settings.workers, resync_interval=settings.drift_interval_seconds)
-    if settings.leader_election:
-        lead(settings, queue.start)
-    else:
+
+    def start_working() -> None:
         queue.start()
-    handlers.register(queue)
+        startups.start()
+
+    if settings.leader_election:
+        lead(settings, start_working)
+    else:
+        start_working()
+    handlers.register(queue, startups.queue)
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)
     prometheus_client.start_http_server(settings.metrics_port, addr=str(settings.metrics_bind_address))
@@ -71,4 +78,5 @@ def main(argv: list[str]) -> int:
         )
     finally:
         queue.stop()
+        startups.stop()
     return 0

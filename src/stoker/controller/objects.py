@@ -19,6 +19,18 @@ def main_container_status(pod: Manifest) -> Manifest | None:
     return next((s for s in statuses if s.get("name") == name), None)
 
 
+def job_outcome(job: Manifest | None) -> str | None:
+    """None (no Job), running, succeeded or failed, from the Job's conditions."""
+    if job is None:
+        return None
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "SuccessCriteriaMet"):
+            return "succeeded"
+        if condition.get("status") == "True" and condition.get("type") in ("Failed", "FailureTarget"):
+            return "failed"
+    return "running"
+
+
 def parse_time(value: str | None) -> dt.datetime | None:
     """An RFC 3339 timestamp as Kubernetes writes it (`2026-11-22T07:40:16Z`)."""
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
@@ -37,11 +49,14 @@ def still_running(record: Manifest, pods: list[Manifest]) -> bool:
 
 
 def merge_patch(before: Manifest, after: Manifest) -> Manifest:
-    """A JSON merge patch (RFC 7386) turning `before` into `after`: what `after` has, and null for each
-    key it dropped (a merge patch leaves absent keys as they were, so a cleared record would stay)."""
+    """A JSON merge patch (RFC 7386) turning `before` into `after`: what `after` changed, and null for each
+    key it dropped (a merge patch leaves absent keys as they were, so a cleared record would stay). What it
+    left as it was is not in the patch, so another writer's newer value of it stays."""
     patch: Manifest = {}
     for key, value in after.items():
         old = before.get(key)
+        if key in before and old == value:
+            continue
         patch[key] = merge_patch(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     patch.update({key: None for key in before.keys() - after.keys()})
     return patch

@@ -6,16 +6,12 @@ which reads the object fresh from the API server, so no decision depends on what
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import hashlib
 import json
 import logging
-import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import cast
 
 import kopf
@@ -24,7 +20,6 @@ from pydantic import ValidationError
 
 from stoker.api import GROUP, VLLMService, VLLMServiceStatus
 from stoker.controller import metrics
-from stoker.controller.coefficients import CoefficientStore
 from stoker.controller.conditions import (
     Condition,
     Rollout,
@@ -42,13 +37,7 @@ from stoker.controller.diagnose import (
     worth_a_closer_look,
 )
 from stoker.controller.kube import Kube, Manifest
-from stoker.controller.objects import (
-    main_container_status,
-    merge_patch,
-    parse_time,
-    pod_is_ready,
-    still_running,
-)
+from stoker.controller.objects import job_outcome, merge_patch, still_running
 from stoker.controller.ownership import (
     ChildConflict,
     conflicts,
@@ -61,14 +50,8 @@ from stoker.controller.ownership import (
 )
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyOutcome, StandbyPool
+from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
-from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
-from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, with_logged_weights
-from stoker.predict.fleet import expected_status, on_node, slow_start
-from stoker.predict.model import ModelFacts, Observation
-from stoker.predict.predictor import predict
-from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_settings
-from stoker.predict.settings import logged_settings
 from stoker.render import (
     CACHE_KEY_LABEL,
     COMPONENT_LABEL,
@@ -76,7 +59,6 @@ from stoker.render import (
     INSTANCE_LABEL,
     MODEL_FACTS_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
-    Role,
     cache_key,
     cache_pvc_name,
     deployment_name,
@@ -100,9 +82,6 @@ FAULT_REASONS = frozenset(
 # Annotations kopf kept on each object for the create/update/resume handlers of earlier versions.
 KOPF_ANNOTATIONS = (f"{GROUP}/last-handled-configuration", f"{GROUP}/reconcile", f"{GROUP}/drift")
 
-LOG_RETRY_SECONDS = 10.0
-LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
-
 
 def validation_message(error: ValidationError) -> str:
     first = error.errors()[0]
@@ -110,36 +89,18 @@ def validation_message(error: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def job_outcome(job: Manifest | None) -> str | None:
-    """None (no Job), running, succeeded or failed, from the Job's conditions."""
-    if job is None:
-        return None
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Complete", "SuccessCriteriaMet"):
-            return "succeeded"
-        if condition.get("status") == "True" and condition.get("type") in ("Failed", "FailureTarget"):
-            return "failed"
-    return "running"
-
-
 class Reconciler:
     """Reconciles one object at a time per key; the work queue guarantees no two runs of one key overlap."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, startups: StartupRecorder) -> None:
         self.kube = kube
         self.settings = settings
+        self.startups = startups
         # Digest of each child as this process last applied it, per object: an unchanged child is not
         # sent again until the next resync, which re-applies everything and so undoes hand edits.
         self._applied: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
         self._applied_guard = threading.Lock()
-        self._log_retry_at: dict[tuple[str, int], float] = {}
         self.standby = StandbyPool(kube, settings)
-        self.coefficients = CoefficientStore(
-            kube,
-            settings.operator_namespace,
-            settings.coefficients_configmap,
-            settings.coefficients_observations,
-        )
 
     def reconcile(self, key: ObjectKey, resync: bool) -> float | Gone | None:
         """Converge one object; returns seconds after which to look again, if time alone changes things,
@@ -196,12 +157,11 @@ class Reconciler:
         )
         claim_seeded_key = claim_annotations.get(SEEDED_KEY_ANNOTATION)
         seeding = seed_wanted(svc)
-        reused_facts = None
         if seeding and claim_seeded_key == key and cache.get("seededKey") != key:
             # A kept cache (an earlier VLLMService of this name, or this one before an edit and back)
-            # already holds this key's artifacts: no seed Job, and the model facts its seed printed.
+            # already holds this key's artifacts: no seed Job; the startup recorder takes the model facts
+            # its seed printed from the claim.
             cache["seededKey"], cache["seededAt"] = key, now_rfc3339()
-            reused_facts = claim_annotations.get(MODEL_FACTS_ANNOTATION)
             self.kube.post_event(
                 body,
                 "CacheReused",
@@ -260,7 +220,10 @@ class Reconciler:
             is_cache_claim = kind == "PersistentVolumeClaim" and child_name == claim_name
             if is_cache_claim and seeded:
                 child["metadata"]["annotations"][SEEDED_KEY_ANNOTATION] = key
-                facts = _facts_of_key(status, short_key)
+                # A reused claim's facts stay on it until the startup recorder has them in status.
+                facts = _facts_of_key(status, short_key) or (
+                    claim_annotations.get(MODEL_FACTS_ANNOTATION) if claim_seeded_key == key else None
+                )
                 if facts is not None:
                     child["metadata"]["annotations"][MODEL_FACTS_ANNOTATION] = facts
             retained = is_cache_claim and compile_cache.retention_policy == "Retain"
@@ -294,20 +257,15 @@ class Reconciler:
         if resync or cache.get("key") != key:
             self._remove_superseded_seeds(svc, uid, short_key)
 
-        startup, new_starts = self._collect_startup(
-            body, pods, status.get("startup") or {}, seed_job, svc.spec.runtime.resolved_engine_version
-        )
-        if reused_facts is not None:
-            _keep_reused_facts(startup, reused_facts, short_key)
-        self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
-        if startup.get("last") and not still_running(startup["last"], pods):
-            # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
-            del startup["last"]
-            cache.pop("lastHit", None)
-        last = startup.get("last") or {}
+        # status.startup is the startup recorder's (stoker.controller.startups): read here, never written.
+        last = (status.get("startup") or {}).get("last") or {}
+        if last and not still_running(last, pods):
+            last = {}  # its ReplicaSet was replaced (an edit) or scaled away; the recorder drops it too
         cache["key"] = key
         if last:
             cache["lastHit"] = last.get("compileCache") == "hit"
+        else:
+            cache.pop("lastHit", None)
         cache_missed = seeded and last.get("cacheKey") == short_key and last.get("compileCache") == "miss"
         problems = child_problems(self._observe_started(namespace, live, deployment, seed_job, pods))
 
@@ -363,12 +321,13 @@ class Reconciler:
             "readyReplicas": serving,
             "selector": serving_selector(svc),
             "cache": cache,
-            "startup": startup,
+            "startup": status.get("startup"),
         }
         if standby is not None:
             new_status["standbyReplicas"] = standby.asleep
             new_status["standby"] = _standby_status(standby, status)
         self._write_status(body, new_status)
+        self.startups.follow((namespace, meta["name"]), generation, cache.get("seededKey"))
         if apply_errors:
             # Reported above; the work queue retries with a growing delay.
             raise ChildrenNotApplied("; ".join(apply_errors))
@@ -550,273 +509,6 @@ class Reconciler:
                 self.kube.delete("batch/v1", "Job", namespace, job_meta["name"], job_meta["uid"])
                 log.info("Removed superseded seed job job=%s/%s", namespace, job_meta["name"])
 
-    # ------------------------------------------------------------------ startup timings
-
-    def _collect_startup(
-        self,
-        body: Manifest,
-        pods: list[Manifest],
-        previous: Manifest,
-        seed_job: Manifest | None,
-        engine_version: str,
-    ) -> tuple[Manifest, list[ParsedStart]]:
-        """Parse each new Ready serving container, and the seed pod once its Job finished; returns the
-        startup status and the starts parsed now."""
-        startup = copy.deepcopy(previous)
-        history: list[Manifest] = list(startup.get("history") or [])
-        seen = {(sample["uid"], sample["restarts"]) for sample in history}
-        namespace = body["metadata"]["namespace"]
-        parsed: list[ParsedStart] = []
-        for pod in pods:
-            container = main_container_status(pod)
-            if container is None or not pod_is_ready(pod):
-                continue
-            sample_id = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
-            if sample_id in seen:
-                continue
-            start = self._startup_record(body, pod, container, "serve", engine_version)
-            if start is None:
-                continue
-            parsed.append(start)
-            record = start.record
-            startup["last"] = record
-            history.append(
-                {
-                    "uid": sample_id[0],
-                    "restarts": sample_id[1],
-                    "podTemplateHash": record["podTemplateHash"],
-                    **_sample_summary(record),
-                }
-            )
-        history = history[-self.settings.startup_history :]
-        if history:
-            totals = [sample["totalSeconds"] for sample in history]
-            startup["history"] = history
-            startup["recent"] = {
-                "samples": len(totals),
-                "p50TotalSeconds": round(statistics.median(totals), 2),
-                "maxTotalSeconds": round(max(totals), 2),
-            }
-        if job_outcome(seed_job) in ("succeeded", "failed") and seed_job is not None:
-            job_name = seed_job["metadata"]["name"]
-            pods = self.kube.list_objects("v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job_name}")
-            pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
-            if pods and (startup.get("seed") or {}).get("pod") != pods[-1]["metadata"]["name"]:
-                container = main_container_status(pods[-1])
-                start = self._startup_record(body, pods[-1], container or {}, "seed", engine_version)
-                if start is not None:
-                    parsed.append(start)
-                    startup["seed"] = start.record
-        return startup, parsed
-
-    def _startup_record(
-        self, body: Manifest, pod: Manifest, container: Manifest, role: Role, engine_version: str
-    ) -> ParsedStart | None:
-        namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
-        if time.monotonic() < self._log_retry_at.get(attempt, 0.0):
-            return None  # its log was unreadable moments ago; do not ask on every event
-        state = container.get("state") or {}
-        started_at = (state.get("running") or state.get("terminated") or {}).get("startedAt")
-        facts_lines: list[str] = []
-
-        def noting_facts(lines: Iterable[str]) -> Iterator[str]:
-            for line in lines:
-                if FACTS_LOG_PREFIX in line:
-                    facts_lines.append(line)
-                yield line
-
-        try:
-            lines = self.kube.pod_log_lines(
-                namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
-            )
-            # The spec's version until the log announces the one that really runs.
-            timeline = parse_log(
-                noting_facts(lines), process_start=parse_time(started_at), engine_version=engine_version
-            )
-            kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
-        except ApiException as error:
-            log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
-            if len(self._log_retry_at) > LOG_RETRY_MEMORY:
-                self._log_retry_at.clear()
-            self._log_retry_at[attempt] = time.monotonic() + LOG_RETRY_SECONDS
-            return None
-        self._log_retry_at.pop(attempt, None)
-        # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
-        phases = {**kube_phases, **timeline.phases}
-        record: Manifest = {
-            "pod": pod_name,
-            "totalSeconds": round(timeline.total_seconds or 0.0, 2),
-            "compileCache": timeline.compile_cache,
-            "compileCacheReason": timeline.compile_cache_reason,
-            "engineVersion": timeline.engine_version,
-            "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
-            "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
-            "podTemplateHash": pod["metadata"].get("labels", {}).get("pod-template-hash"),
-            "finishedAt": now_rfc3339(),
-            "gpuProduct": self._gpu_product(pod),
-        }
-        if timeline.failed:
-            record.update(failed=True, reason=timeline.reason)
-        for phase, seconds in phases.items():
-            metrics.STARTUP_PHASE_SECONDS.labels(phase, role).observe(seconds)
-        metrics.STARTUP_TOTAL_SECONDS.labels(role).observe(record["totalSeconds"])
-        metrics.COMPILE_CACHE_RESULTS.labels(timeline.compile_cache, role).inc()
-        self.kube.post_event(
-            body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
-        )
-        return ParsedStart(
-            role=role,
-            record=record,
-            engine_phases=dict(timeline.phases),
-            total_seconds=timeline.total_seconds or 0.0,
-            facts=self._model_facts(body, pod_name, facts_lines),
-            worker_weight_bytes=timeline.worker_weight_bytes,
-            label=f"{namespace}/{pod_name}#{attempt[1]}",
-        )
-
-    def _model_facts(self, body: Manifest, pod_name: str, lines: list[str]) -> ModelFacts | None:
-        """The facts the seed printed (its last facts line), or None; a garbled line is reported."""
-        if not lines:
-            return None
-        try:
-            return parse_facts_line(lines[-1])
-        except ValueError as error:
-            message = f"Pod {pod_name} printed unreadable model facts, so no startup prediction: {error}"
-            self.kube.post_event(body, "ModelFactsUnreadable", message, warning=True)
-            return None
-
-    def _gpu_product(self, pod: Manifest) -> str | None:
-        """The GPU product label of the pod's node, if the node says."""
-        node = pod["spec"].get("nodeName")
-        if not node:
-            return None
-        try:
-            return self.kube.node_labels(node).get(GPU_PRODUCT_LABEL)
-        except ApiException as error:  # no right to read nodes: the class is "unknown", nothing else fails
-            log.warning("Reading node failed node=%s status=%s", node, error.status)
-            return None
-
-    # ------------------------------------------------------------------ startup prediction
-
-    def _learn_and_expect(
-        self,
-        body: Manifest,
-        svc: VLLMService,
-        startup: Manifest,
-        new_starts: list[ParsedStart],
-        seeding: bool,
-        seeded: bool,
-    ) -> None:
-        """Keep the seed's model facts, add each new start to the fleet's observations (which refits its
-        hardware class), warn about a serving start that overran its prediction, and predict the next one
-        into startup["expected"]."""
-        meta = body["metadata"]
-        expected_before = startup.get("expected") or {}
-        for start in new_starts:
-            if start.role == "seed" and start.facts is not None:
-                # The tensor-parallel size is in the cache key, so the seed ran with this spec's.
-                seed_facts = with_logged_weights(
-                    start.facts, start.worker_weight_bytes, svc.spec.runtime.effective_tensor_parallel_size
-                )
-                startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
-                startup["modelCacheKey"] = start.record["cacheKey"]
-        facts = ModelFacts.model_validate(startup["model"]) if startup.get("model") else None
-        # Facts hold for starts of the key whose seed read them: another key may be another model.
-        current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None
-        for start in new_starts:
-            record = start.record
-            if start.role == "serve" and not record.get("failed"):
-                metrics.set_startup_seconds(
-                    metrics.STARTUP_OBSERVED_SECONDS,
-                    (meta["namespace"], meta["name"]),
-                    {**start.engine_phases, "total": record["totalSeconds"]},
-                )
-                if expected_before.get("phases"):
-                    slow = slow_start(
-                        start.engine_phases,
-                        start.total_seconds,
-                        expected_before["phases"],
-                        expected_before["totalSeconds"],
-                    )
-                    if slow is not None:
-                        self.kube.post_event(body, "SlowStart", slow.message(record["pod"]), warning=True)
-            if facts is None or record.get("failed") or record["cacheKey"] != startup.get("modelCacheKey"):
-                continue
-            hardware = on_node(hardware_class(svc), record.get("gpuProduct"))
-            try:
-                settings = logged_settings(
-                    service_settings(svc, record["compileCache"], start.role),
-                    record["compileCache"],
-                    record.get("compileCacheReason"),
-                )
-                observation = Observation(
-                    facts=facts, settings=settings, phases=start.engine_phases, label=start.label
-                )
-                garbled = self.coefficients.record(meta["namespace"], hardware, observation).garbled
-            except ValueError as error:  # the start stays in status; only the fleet's fit misses it
-                log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
-                continue
-            for key in garbled:
-                self.kube.post_event(
-                    body,
-                    "StartupCoefficientsGarbled",
-                    f"ConfigMap {self.coefficients.namespace}/{self.coefficients.name} key {key} did not"
-                    " parse; replaced by what was observed from now on",
-                    warning=True,
-                )
-        expected = self._expected(svc, startup, current_facts, seeding, seeded)
-        if expected is None:
-            startup.pop("expected", None)
-        else:
-            startup["expected"] = expected
-        expected = expected or {}
-        expected_seconds = dict(expected.get("phases") or {})
-        if expected_seconds:
-            expected_seconds["total"] = expected["totalSeconds"]
-        metrics.set_startup_seconds(
-            metrics.STARTUP_EXPECTED_SECONDS, (meta["namespace"], meta["name"]), expected_seconds
-        )
-
-    def _expected(
-        self, svc: VLLMService, startup: Manifest, facts: ModelFacts | None, seeding: bool, seeded: bool
-    ) -> Manifest | None:
-        """The predicted next serving start, or why there is none (None while a seed may still tell)."""
-        if facts is None:
-            if not seeding:
-                return {"reason": "no model facts: only the seed Job reads them, and it is off"}
-            if seeded:
-                return {"reason": "no model facts: no seed run of this cache key printed them"}
-            return None  # the seed is still to tell
-        seed, last = startup.get("seed") or {}, startup.get("last") or {}
-        hardware = on_node(hardware_class(svc), seed.get("gpuProduct") or last.get("gpuProduct"))
-        cache_state: CompileCache = "hit" if seeded else "miss"
-        try:
-            settings = service_settings(svc, cache_state)
-            coefficients = self.coefficients.coefficients(str(svc.namespace), hardware)
-            if coefficients is None:
-                return {"reason": f"no startup coefficients for hardware class {hardware.key}"}
-            prediction = predict(facts, settings, coefficients)
-        except ValueError as error:
-            return {"reason": f"no prediction: {error}"}
-        return expected_status(prediction, hardware, settings.cache_state)
-
-
-@dataclass(frozen=True)
-class ParsedStart:
-    """One start parsed from its pod's log: its status record, its engine phases and, from a seed, the
-    model facts it printed (checkpointBytes from its log where the model directory had no weights; see
-    `with_logged_weights`); `label` names the start (pod and restarts) among the fleet's observations."""
-
-    role: Role
-    record: Manifest
-    engine_phases: dict[str, float]
-    total_seconds: float
-    facts: ModelFacts | None
-    # Device memory one engine worker's weights took, as its log said.
-    worker_weight_bytes: int | None
-    label: str
-
 
 class ChildrenNotApplied(Exception):
     """Some children were refused by the API server; the status says which and why."""
@@ -865,21 +557,3 @@ def _facts_of_key(status: Manifest, short_key: str) -> str | None:
     if startup.get("modelCacheKey") != short_key or not startup.get("model"):
         return None
     return json.dumps(startup["model"], sort_keys=True, separators=(",", ":"))
-
-
-def _keep_reused_facts(startup: Manifest, facts: str, short_key: str) -> None:
-    """The facts a reused cache claim carries become this object's; a garbled annotation is ignored."""
-    try:
-        model = ModelFacts.model_validate_json(facts)
-    except ValidationError as error:
-        log.warning("Ignoring the cache claim's model facts: %s", validation_message(error))
-        return
-    startup["model"], startup["modelCacheKey"] = model.model_dump(mode="json", by_alias=True), short_key
-
-
-def _sample_summary(record: Manifest) -> Manifest:
-    return {
-        "pod": record["pod"],
-        "totalSeconds": record["totalSeconds"],
-        "compileCache": record["compileCache"],
-    }

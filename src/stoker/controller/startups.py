@@ -1,0 +1,485 @@
+"""The learning path: each start read from its pod's log into `status.startup`, and the fleet's startup
+coefficients learned from it, on a work queue of its own.
+
+Reading logs, pod events and nodes is slow and can fail; none of it runs in the VLLMService's reconcile, so
+a slow log read delays only other log reads, never a child's write. The recorder is the one writer of
+`status.startup` (a merge patch of what changed); the reconcile copies it unchanged and reads from it
+whether the seed's run is recorded, the last start's compile cache and the model facts.
+
+A run comes from a serving pod turning Ready, a seed Job finishing or a Deployment changing (its old pods
+gone: `last` may describe nothing that serves), and from the reconcile whenever what a prediction
+depends on changed (`follow`: the object first seen, a new generation, a newly seeded cache key).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from stoker.api import VLLMService
+from stoker.api.models import StartupStatus
+from stoker.controller import metrics
+from stoker.controller.coefficients import CoefficientStore
+from stoker.controller.conditions import now_rfc3339
+from stoker.controller.kube import Kube, Manifest
+from stoker.controller.objects import (
+    job_outcome,
+    main_container_status,
+    merge_patch,
+    parse_time,
+    pod_is_ready,
+    still_running,
+)
+from stoker.controller.ownership import created_by_deployment, owned_by, stokers
+from stoker.controller.settings import OperatorSettings
+from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
+from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
+from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, with_logged_weights
+from stoker.predict.fleet import expected_status, on_node, slow_start
+from stoker.predict.model import ModelFacts, Observation
+from stoker.predict.predictor import predict
+from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_settings
+from stoker.predict.settings import logged_settings
+from stoker.render import (
+    CACHE_KEY_LABEL,
+    MODEL_FACTS_ANNOTATION,
+    SEEDED_KEY_ANNOTATION,
+    Role,
+    cache_key,
+    cache_pvc_name,
+    deployment_name,
+    seed_job_name,
+    seed_wanted,
+    server_selector,
+    short_cache_key,
+)
+
+log = logging.getLogger(__name__)
+
+LOG_RETRY_SECONDS = 10.0
+LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
+
+
+@dataclass(frozen=True)
+class ParsedStart:
+    """One start parsed from its pod's log: its status record, its engine phases and, from a seed, the
+    model facts it printed (checkpointBytes from its log where the model directory had no weights; see
+    `with_logged_weights`); `label` names the start (pod and restarts) among the fleet's observations."""
+
+    role: Role
+    record: Manifest
+    engine_phases: dict[str, float]
+    total_seconds: float
+    facts: ModelFacts | None
+    # Device memory one engine worker's weights took, as its log said.
+    worker_weight_bytes: int | None
+    label: str
+
+
+class StartupRecorder:
+    """One worker: records of one object never race, and log reads never crowd out the reconcile's."""
+
+    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.coefficients = CoefficientStore(
+            kube,
+            settings.operator_namespace,
+            settings.coefficients_configmap,
+            settings.coefficients_observations,
+        )
+        self.queue = WorkQueue(self.record, workers=1)
+        self._guard = threading.Lock()
+        # (generation, seeded cache key) of each object as the reconcile last saw it.
+        self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
+        self._log_retry_at: dict[tuple[str, int], float] = {}
+
+    def start(self) -> None:
+        self.queue.start()
+
+    def stop(self) -> None:
+        self.queue.stop()
+
+    def follow(self, key: ObjectKey, generation: int, seeded_key: str | None) -> None:
+        """The reconcile's view of an object: a prediction depends on its spec and on whether its cache
+        is seeded, so the first sight of it and each change of either brings a run."""
+        with self._guard:
+            if self._followed.get(key) == (generation, seeded_key):
+                return
+            self._followed[key] = (generation, seeded_key)
+        self.queue.add(key, resync=False)
+
+    def record(self, key: ObjectKey, resync: bool) -> float | Gone | None:
+        """Parse what started since the last run, learn from it, predict the next start and write
+        `status.startup` if it changed; returns when to look again if a log could not be read."""
+        namespace, name = key
+        body = self.kube.get_service(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            with self._guard:
+                self._followed.pop(key, None)
+            metrics.forget_service(namespace, name)
+            return GONE
+        try:
+            svc = VLLMService.model_validate(body)
+        except ValidationError:
+            return None  # the reconcile reports it; nothing starts from a spec the model refuses
+        status = body.get("status") or {}
+        before = status.get("startup") or {}
+        uid = body["metadata"]["uid"]
+        key_now, short_key = cache_key(svc), short_cache_key(svc)
+        seeding = seed_wanted(svc)
+        seeded = seeding and (status.get("cache") or {}).get("seededKey") == key_now
+        seed_job = None
+        if seeding and not (seeded and (before.get("seed") or {}).get("cacheKey") == short_key):
+            job = self.kube.get("batch/v1", "Job", namespace, seed_job_name(svc.name, short_key))
+            if job is not None and owned_by(job, uid):  # a Job stoker did not create tells nothing
+                seed_job = job
+                # Before the reconcile writes it down: the prediction is for a seeded cache at once.
+                seeded = seeded or job_outcome(job) == "succeeded"
+        pods = [
+            pod
+            for pod in self.kube.list_objects("v1", "Pod", namespace, server_selector(svc.name))
+            if created_by_deployment(pod, deployment_name(svc.name))
+        ]
+        startup, new_starts, unread = self._collect(body, pods, before, seed_job, svc)
+        if (
+            seeded
+            and startup.get("modelCacheKey") != short_key
+            and (startup.get("seed") or {}).get("cacheKey") != short_key
+        ):
+            self._take_reused_facts(svc, uid, startup, key_now, short_key)
+        self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
+        if startup.get("last") and not still_running(startup["last"], pods):
+            # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
+            del startup["last"]
+        self._write(body, before, startup)
+        return LOG_RETRY_SECONDS if unread else None
+
+    def _collect(
+        self,
+        body: Manifest,
+        pods: list[Manifest],
+        previous: Manifest,
+        seed_job: Manifest | None,
+        svc: VLLMService,
+    ) -> tuple[Manifest, list[ParsedStart], bool]:
+        """Parse each new Ready serving container, and the seed pod once its Job finished; returns the
+        startup status, the starts parsed now and whether a log could not be read."""
+        engine_version = svc.spec.runtime.resolved_engine_version
+        startup = copy.deepcopy(previous)
+        history: list[Manifest] = list(startup.get("history") or [])
+        seen = {(sample["uid"], sample["restarts"]) for sample in history}
+        namespace = body["metadata"]["namespace"]
+        parsed: list[ParsedStart] = []
+        unread = False
+        new = [
+            (pod, container)
+            for pod in pods
+            if (container := main_container_status(pod)) is not None
+            and pod_is_ready(pod)
+            and (pod["metadata"]["uid"], int(container.get("restartCount") or 0)) not in seen
+        ]
+        if new and not self._deployment_is_stokers(body, svc):
+            new = []  # pods of a Deployment in the way; the reconcile reports the conflict
+        for pod, container in new:
+            start = self._startup_record(body, pod, container, "serve", engine_version)
+            if start is None:
+                unread = True
+                continue
+            parsed.append(start)
+            record = start.record
+            startup["last"] = record
+            history.append(
+                {
+                    "uid": pod["metadata"]["uid"],
+                    "restarts": int(container.get("restartCount") or 0),
+                    "podTemplateHash": record["podTemplateHash"],
+                    **_sample_summary(record),
+                }
+            )
+        history = history[-self.settings.startup_history :]
+        if history:
+            totals = [sample["totalSeconds"] for sample in history]
+            startup["history"] = history
+            startup["recent"] = {
+                "samples": len(totals),
+                "p50TotalSeconds": round(statistics.median(totals), 2),
+                "maxTotalSeconds": round(max(totals), 2),
+            }
+        if seed_job is not None and job_outcome(seed_job) in ("succeeded", "failed"):
+            job_name = seed_job["metadata"]["name"]
+            seed_pods = self.kube.list_objects(
+                "v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job_name}"
+            )
+            seed_pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
+            if seed_pods and (startup.get("seed") or {}).get("pod") != seed_pods[-1]["metadata"]["name"]:
+                container = main_container_status(seed_pods[-1])
+                start = self._startup_record(body, seed_pods[-1], container or {}, "seed", engine_version)
+                if start is None:
+                    unread = True
+                else:
+                    parsed.append(start)
+                    startup["seed"] = start.record
+        return startup, parsed, unread
+
+    def _deployment_is_stokers(self, body: Manifest, svc: VLLMService) -> bool:
+        deployment = self.kube.get("apps/v1", "Deployment", str(svc.namespace), deployment_name(svc.name))
+        return deployment is not None and owned_by(deployment, body["metadata"]["uid"])
+
+    def _startup_record(
+        self, body: Manifest, pod: Manifest, container: Manifest, role: Role, engine_version: str
+    ) -> ParsedStart | None:
+        namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
+        if time.monotonic() < self._log_retry_at.get(attempt, 0.0):
+            return None  # its log was unreadable moments ago; do not ask on every event
+        state = container.get("state") or {}
+        started_at = (state.get("running") or state.get("terminated") or {}).get("startedAt")
+        facts_lines: list[str] = []
+
+        def noting_facts(lines: Iterable[str]) -> Iterator[str]:
+            for line in lines:
+                if FACTS_LOG_PREFIX in line:
+                    facts_lines.append(line)
+                yield line
+
+        try:
+            lines = self.kube.pod_log_lines(
+                namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
+            )
+            # The spec's version until the log announces the one that really runs.
+            timeline = parse_log(
+                noting_facts(lines), process_start=parse_time(started_at), engine_version=engine_version
+            )
+            kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
+        except ApiException as error:
+            log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
+            if len(self._log_retry_at) > LOG_RETRY_MEMORY:
+                self._log_retry_at.clear()
+            self._log_retry_at[attempt] = time.monotonic() + LOG_RETRY_SECONDS
+            return None
+        self._log_retry_at.pop(attempt, None)
+        # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
+        phases = {**kube_phases, **timeline.phases}
+        record: Manifest = {
+            "pod": pod_name,
+            "totalSeconds": round(timeline.total_seconds or 0.0, 2),
+            "compileCache": timeline.compile_cache,
+            "compileCacheReason": timeline.compile_cache_reason,
+            "engineVersion": timeline.engine_version,
+            "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
+            "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
+            "podTemplateHash": pod["metadata"].get("labels", {}).get("pod-template-hash"),
+            "finishedAt": now_rfc3339(),
+            "gpuProduct": self._gpu_product(pod),
+        }
+        if timeline.failed:
+            record.update(failed=True, reason=timeline.reason)
+        for phase, seconds in phases.items():
+            metrics.STARTUP_PHASE_SECONDS.labels(phase, role).observe(seconds)
+        metrics.STARTUP_TOTAL_SECONDS.labels(role).observe(record["totalSeconds"])
+        metrics.COMPILE_CACHE_RESULTS.labels(timeline.compile_cache, role).inc()
+        self.kube.post_event(
+            body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
+        )
+        return ParsedStart(
+            role=role,
+            record=record,
+            engine_phases=dict(timeline.phases),
+            total_seconds=timeline.total_seconds or 0.0,
+            facts=self._model_facts(body, pod_name, facts_lines),
+            worker_weight_bytes=timeline.worker_weight_bytes,
+            label=f"{namespace}/{pod_name}#{attempt[1]}",
+        )
+
+    def _model_facts(self, body: Manifest, pod_name: str, lines: list[str]) -> ModelFacts | None:
+        """The facts the seed printed (its last facts line), or None; a garbled line is reported."""
+        if not lines:
+            return None
+        try:
+            return parse_facts_line(lines[-1])
+        except ValueError as error:
+            message = f"Pod {pod_name} printed unreadable model facts, so no startup prediction: {error}"
+            self.kube.post_event(body, "ModelFactsUnreadable", message, warning=True)
+            return None
+
+    def _gpu_product(self, pod: Manifest) -> str | None:
+        """The GPU product label of the pod's node, if the node says."""
+        node = pod["spec"].get("nodeName")
+        if not node:
+            return None
+        try:
+            return self.kube.node_labels(node).get(GPU_PRODUCT_LABEL)
+        except ApiException as error:  # no right to read nodes: the class is "unknown", nothing else fails
+            log.warning("Reading node failed node=%s status=%s", node, error.status)
+            return None
+
+    def _take_reused_facts(
+        self, svc: VLLMService, uid: str, startup: Manifest, key: str, short_key: str
+    ) -> None:
+        """A cache kept from an earlier VLLMService of this name (no seed ran for this one) carries the
+        model facts its seed printed, on the claim: they become this object's."""
+        namespace, claim_name = str(svc.namespace), cache_pvc_name(svc.name)
+        claim = self.kube.get("v1", "PersistentVolumeClaim", namespace, claim_name)
+        if claim is None or not stokers("PersistentVolumeClaim", claim, uid, svc.name):
+            return
+        annotations = claim["metadata"].get("annotations") or {}
+        facts = annotations.get(MODEL_FACTS_ANNOTATION)
+        if annotations.get(SEEDED_KEY_ANNOTATION) != key or facts is None:
+            return
+        try:
+            model = ModelFacts.model_validate_json(facts)
+        except ValidationError as error:
+            log.warning(
+                "Ignoring the cache claim's model facts claim=%s/%s: %s", namespace, claim_name, error
+            )
+            return
+        startup["model"], startup["modelCacheKey"] = model.model_dump(mode="json", by_alias=True), short_key
+
+    # ------------------------------------------------------------------ startup prediction
+
+    def _learn_and_expect(
+        self,
+        body: Manifest,
+        svc: VLLMService,
+        startup: Manifest,
+        new_starts: list[ParsedStart],
+        seeding: bool,
+        seeded: bool,
+    ) -> None:
+        """Keep the seed's model facts, add each new start to the fleet's observations (which refits its
+        hardware class), warn about a serving start that overran its prediction, and predict the next one
+        into startup["expected"]."""
+        meta = body["metadata"]
+        expected_before = startup.get("expected") or {}
+        for start in new_starts:
+            if start.role == "seed" and start.facts is not None:
+                # The tensor-parallel size is in the cache key, so the seed ran with this spec's.
+                seed_facts = with_logged_weights(
+                    start.facts, start.worker_weight_bytes, svc.spec.runtime.effective_tensor_parallel_size
+                )
+                startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
+                startup["modelCacheKey"] = start.record["cacheKey"]
+        facts = ModelFacts.model_validate(startup["model"]) if startup.get("model") else None
+        # Facts hold for starts of the key whose seed read them: another key may be another model.
+        current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None
+        for start in new_starts:
+            record = start.record
+            if start.role == "serve" and not record.get("failed"):
+                metrics.set_startup_seconds(
+                    metrics.STARTUP_OBSERVED_SECONDS,
+                    (meta["namespace"], meta["name"]),
+                    {**start.engine_phases, "total": record["totalSeconds"]},
+                )
+                if expected_before.get("phases"):
+                    slow = slow_start(
+                        start.engine_phases,
+                        start.total_seconds,
+                        expected_before["phases"],
+                        expected_before["totalSeconds"],
+                    )
+                    if slow is not None:
+                        self.kube.post_event(body, "SlowStart", slow.message(record["pod"]), warning=True)
+            if facts is None or record.get("failed") or record["cacheKey"] != startup.get("modelCacheKey"):
+                continue
+            self._observe(body, svc, startup, start, facts)
+        expected = self._expected(svc, startup, current_facts, seeding, seeded)
+        if expected is None:
+            startup.pop("expected", None)
+        else:
+            startup["expected"] = expected
+        expected = expected or {}
+        expected_seconds = dict(expected.get("phases") or {})
+        if expected_seconds:
+            expected_seconds["total"] = expected["totalSeconds"]
+        metrics.set_startup_seconds(
+            metrics.STARTUP_EXPECTED_SECONDS, (meta["namespace"], meta["name"]), expected_seconds
+        )
+
+    def _observe(
+        self, body: Manifest, svc: VLLMService, startup: Manifest, start: ParsedStart, facts: ModelFacts
+    ) -> None:
+        """Add one start to the fleet's observations; a refused write is kept in status.startup.recording
+        (a Warning Event when its message changes), and cleared by the next recorded start."""
+        meta, record = body["metadata"], start.record
+        hardware = on_node(hardware_class(svc), record.get("gpuProduct"))
+        try:
+            settings = logged_settings(
+                service_settings(svc, record["compileCache"], start.role),
+                record["compileCache"],
+                record.get("compileCacheReason"),
+            )
+            observation = Observation(
+                facts=facts, settings=settings, phases=start.engine_phases, label=start.label
+            )
+            outcome = self.coefficients.record(meta["namespace"], hardware, observation)
+        except ValueError as error:  # the start stays in status; only the fleet's fit misses it
+            log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
+            return
+        for key in outcome.garbled:
+            self.kube.post_event(
+                body,
+                "StartupCoefficientsGarbled",
+                f"ConfigMap {self.coefficients.namespace}/{self.coefficients.name} key {key} did not"
+                " parse; replaced by what was observed from now on",
+                warning=True,
+            )
+        if outcome.refused is None:
+            startup.pop("recording", None)
+            return
+        if (startup.get("recording") or {}).get("refused") != outcome.refused:
+            self.kube.post_event(body, "StartupNotRecorded", outcome.refused, warning=True)
+            startup["recording"] = {"refused": outcome.refused[:1024], "at": now_rfc3339()}
+
+    def _expected(
+        self, svc: VLLMService, startup: Manifest, facts: ModelFacts | None, seeding: bool, seeded: bool
+    ) -> Manifest | None:
+        """The predicted next serving start, or why there is none (None while a seed may still tell)."""
+        if facts is None:
+            if not seeding:
+                return {"reason": "no model facts: only the seed Job reads them, and it is off"}
+            if seeded:
+                return {"reason": "no model facts: no seed run of this cache key printed them"}
+            return None  # the seed is still to tell
+        seed, last = startup.get("seed") or {}, startup.get("last") or {}
+        hardware = on_node(hardware_class(svc), seed.get("gpuProduct") or last.get("gpuProduct"))
+        cache_state: CompileCache = "hit" if seeded else "miss"
+        try:
+            settings = service_settings(svc, cache_state)
+            coefficients = self.coefficients.coefficients(str(svc.namespace), hardware)
+            if coefficients is None:
+                return {"reason": f"no startup coefficients for hardware class {hardware.key}"}
+            prediction = predict(facts, settings, coefficients)
+        except ValueError as error:
+            return {"reason": f"no prediction: {error}"}
+        return expected_status(prediction, hardware, settings.cache_state)
+
+    def _write(self, body: Manifest, before: Manifest, after: Manifest) -> None:
+        """A merge patch of status.startup alone, through the status model, only if it changed."""
+        written, wanted = _startup_document(before), _startup_document(after)
+        if written == wanted:
+            return
+        meta = body["metadata"]
+        self.kube.patch_service_status(
+            meta["namespace"], meta["name"], {"startup": merge_patch(written, wanted)}
+        )
+
+
+def _startup_document(startup: Manifest) -> Manifest:
+    return StartupStatus.model_validate(startup).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _sample_summary(record: Manifest) -> Manifest:
+    return {
+        "pod": record["pod"],
+        "totalSeconds": record["totalSeconds"],
+        "compileCache": record["compileCache"],
+    }
