@@ -365,6 +365,8 @@ def test_serving_container_probes_resources_and_secrets() -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/health"
+    # Ready within a second of the engine, and still allowed the longest start.
+    assert startup["periodSeconds"] == 1
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}

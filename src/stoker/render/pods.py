@@ -36,9 +36,12 @@ ENGINE_GID = 1000
 # Pod Security `restricted` wants these on every container (init containers too); runAsNonRoot and the
 # seccomp profile are set once for the pod.
 CONTAINER_SECURITY_CONTEXT: Json = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-# A cold start compiles for minutes; the startup probe must outlast the slowest one (here 30 min).
-STARTUP_PROBE_PERIOD_SECONDS = 10
-STARTUP_PROBE_FAILURE_THRESHOLD = 180
+# The startup probe asks every second, so a pod is Ready about a second after its engine is (the kubelet
+# runs the readiness probe at once when the startup probe succeeds, kubernetes PR #101738); a cold start
+# compiles for minutes, so it allows failures for the longest start stoker allows, 30 min.
+STARTUP_PROBE_PERIOD_SECONDS = 1
+LONGEST_START_SECONDS = 30 * 60
+STARTUP_PROBE_FAILURE_THRESHOLD = LONGEST_START_SECONDS // STARTUP_PROBE_PERIOD_SECONDS
 
 # Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there.
 DOWNLOAD_SCRIPT = """\
