@@ -1,9 +1,11 @@
+import itertools
 import logging
 import threading
 import time
 
 from kubernetes.client.exceptions import ApiException
 
+from stoker.controller.kube import LeaseLost
 from stoker.controller.workqueue import GONE, WorkQueue
 
 
@@ -134,5 +136,97 @@ def test_a_failed_run_logs_one_line_at_warning_and_the_traceback_only_at_debug(c
         settle(queue, 0.2)
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.exc_info is None and "\n" not in warning.getMessage()
-    assert "key=ns/a retryIn=1s: status=500 reason=Internal Server Error" in warning.getMessage()
+    assert "key=ns/a failures=1 retryIn=1s: status=500 reason=Internal Server Error" in warning.getMessage()
     assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records)
+
+
+def test_a_failing_key_backs_off_exponentially_up_to_the_cap_whatever_names_it():
+    runs: list[float] = []
+
+    def handle(key, resync):
+        runs.append(time.monotonic())
+        raise RuntimeError("refused")
+
+    queue = WorkQueue(handle, workers=2, resync_interval=0.01, retry_initial=0.1, retry_max=0.4)
+    queue.start()
+    queue.add(("ns", "a"), resync=False)
+    deadline = time.monotonic() + 1.6
+    while time.monotonic() < deadline:  # child events and passed resyncs all the while
+        queue.add(("ns", "a"), resync=False)
+        time.sleep(0.005)
+    queue.stop()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(runs)]
+    # Never sooner than the backoff (doubling, capped); on a busy machine a little later.
+    assert len(gaps) >= 3
+    for gap, backoff in zip(gaps, [0.1, 0.2, 0.4, 0.4, 0.4], strict=False):
+        assert backoff - 0.005 <= gap < backoff + 0.1
+    assert len(runs) <= 6  # at 0, 0.1, 0.3, 0.7, 1.1, 1.5
+
+
+def test_a_new_spec_ends_the_backoff_and_a_success_resets_it():
+    runs: list[tuple[str, float]] = []
+    outcomes = iter(["fail", "fail", "ok", "fail"])
+
+    def handle(key, resync):
+        outcome = next(outcomes, "ok")
+        runs.append((outcome, time.monotonic()))
+        if outcome == "fail":
+            raise RuntimeError("refused")
+
+    queue = WorkQueue(handle, workers=1, retry_initial=0.2, retry_max=10)
+    queue.start()
+    queue.add(("ns", "a"), resync=False)
+    time.sleep(0.3)  # failed at 0, and at 0.2: the next retry waits 0.4 s
+    assert len(runs) == 2
+    queue.add(("ns", "a"), resync=True, urgent=True)  # a spec not run yet: now
+    time.sleep(0.05)
+    assert [outcome for outcome, _ in runs] == ["fail", "fail", "ok"]
+    queue.add(("ns", "a"), resync=False)
+    time.sleep(0.1)
+    settle(queue, 0.25)  # the failure after a success waits retry_initial again, not 0.8 s
+    assert [outcome for outcome, _ in runs] == ["fail", "fail", "ok", "fail", "ok"]
+    assert 0.195 <= runs[4][1] - runs[3][1] < 0.3
+
+
+def test_one_log_line_per_change_of_state(caplog):
+    errors = iter(["refused", "refused", "refused", "other", "other", None])
+
+    def handle(key, resync):
+        error = next(errors, None)
+        if error:
+            raise RuntimeError(error)
+
+    queue = WorkQueue(handle, workers=1, retry_initial=0.01, retry_max=0.02)
+    with caplog.at_level(logging.DEBUG, logger="stoker.controller.workqueue"):
+        queue.start()
+        queue.add(("ns", "a"), resync=False)
+        settle(queue, 0.3)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if not r.exc_info]
+    assert [(level, "refused" in text) for level, text in lines if level != "DEBUG"] == [
+        ("WARNING", True),
+        ("WARNING", False),
+        ("INFO", False),
+    ]
+    assert "failures=5 retryIn=0.02s: RuntimeError: other" in lines[-2][1]  # the repeat, at DEBUG
+    assert lines[-1] == ("INFO", "Reconcile recovered key=ns/a")
+
+
+def test_a_lost_lease_stops_the_queue_without_a_retry(caplog):
+    recorder = Recorder()
+    ran: list[str] = []
+
+    def handle(key, resync):
+        ran.append(key[1])
+        if key[1] == "a":
+            raise LeaseLost("term over")
+        recorder(key, resync)
+
+    queue = WorkQueue(handle, workers=1)
+    queue.start()
+    with caplog.at_level(logging.WARNING, logger="stoker.controller.workqueue"):
+        queue.add(("ns", "a"), resync=False)
+        queue.add(("ns", "b"), resync=False, delay=0.05)
+        time.sleep(1.3)
+    assert ran == ["a"]
+    (line,) = caplog.records
+    assert line.levelname == "ERROR" and "term over" in line.getMessage()

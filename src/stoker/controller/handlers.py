@@ -52,18 +52,32 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
     the startup recorder's queue: a pod turning Ready, a seed Job finishing and a rollout's end are its
     news too."""
 
+    # Per key, the (uid, generation) last sent as urgent while status lagged behind it. A spec is urgent
+    # once: while its reconciles fail, status keeps an older observedGeneration, and the events that
+    # follow (the operator's own status writes among them) must wait out the queue's backoff.
+    urgent_sent: dict[tuple[str, str], tuple[str, int]] = {}
+
     # New objects and spec edits apply every child, first. The listing at start names every object once
     # (a key's first run is a resync); status-only changes, such as the operator's own, bring nothing.
     @kopf.on.event(GROUP, VERSION, PLURAL, id="reconcile")
     def service_changed(
         type: str | None, namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> None:
+        key = (str(namespace), name)
         if type == "DELETED":
+            urgent_sent.pop(key, None)
             return  # the queue forgets the key at its next run; the children go by garbage collection
-        if spec_changed(body):
-            queue.add((str(namespace), name), resync=True, urgent=True)
-        elif type is None:
-            queue.add((str(namespace), name), resync=False)
+        if not spec_changed(body):
+            urgent_sent.pop(key, None)  # caught up
+        else:
+            meta = body.get("metadata") or {}
+            spec = (str(meta.get("uid")), int(meta.get("generation") or 0))
+            if urgent_sent.get(key) != spec:
+                urgent_sent[key] = spec
+                queue.add(key, resync=True, urgent=True)
+                return
+        if type is None:
+            queue.add(key, resync=False)
 
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")

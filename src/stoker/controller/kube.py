@@ -6,7 +6,9 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -14,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
+from stoker import __version__
 from stoker.api import GROUP, KIND, PLURAL, VERSION
 from stoker.controller.ownership import apply_ownership_patch
 
@@ -30,15 +33,29 @@ def load_config() -> None:
         config.load_kube_config()
 
 
+class LeaseLost(Exception):
+    """This replica's term may have passed to another replica: it must write nothing more."""
+
+
 class Kube:
+    """Every method that writes calls `fence` first (leader election sets it: it raises LeaseLost once
+    this replica's term may have ended); so must any new one."""
+
     def __init__(self, field_manager: str, connections: int) -> None:
         configuration = client.Configuration.get_default_copy()
         configuration.connection_pool_maxsize = connections  # one per worker thread, none discarded
         self.api_client = client.ApiClient(configuration)
+        # Names this process in the API server's audit log, apart from another replica of the same user.
+        self.api_client.user_agent = f"stoker/{__version__} ({socket.gethostname()}; pid {os.getpid()})"
         self.dynamic = DynamicClient(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
         self.field_manager = field_manager
+        self.fence: Callable[[], None] | None = None
+
+    def _fenced(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
@@ -49,6 +66,7 @@ class Kube:
         Only for objects stoker owns: the caller has checked the owner reference and puts the live
         object's uid in the body, so that a look-alike created since that check is refused, not taken.
         """
+        self._fenced()
         meta = obj["metadata"]
         result = self._resource(obj["apiVersion"], obj["kind"]).server_side_apply(
             # The client would send \u escapes (surrogate pairs for an emoji) that the API server's
@@ -63,6 +81,7 @@ class Kube:
 
     def create(self, obj: Manifest) -> Manifest:
         """Create only: the API server answers 409 if anything of that name exists by now."""
+        self._fenced()
         result = self._resource(obj["apiVersion"], obj["kind"]).create(
             body=obj, namespace=obj["metadata"]["namespace"], field_manager=self.field_manager
         )
@@ -87,21 +106,27 @@ class Kube:
                 return
             obj = fresh
 
-    def patch_json(self, api_version: str, kind: str, namespace: str, name: str, ops: list[Manifest]) -> None:
-        """A JSON patch; its `test` operations make it all-or-nothing against what the caller read."""
-        self._resource(api_version, kind).patch(
+    def patch_json(
+        self, api_version: str, kind: str, namespace: str, name: str, ops: list[Manifest]
+    ) -> Manifest:
+        """A JSON patch; its `test` operations make it all-or-nothing against what the caller read.
+        Returns the object as patched."""
+        self._fenced()
+        result = self._resource(api_version, kind).patch(
             body=ops,
             name=name,
             namespace=namespace,
             content_type="application/json-patch+json",
             field_manager=self.field_manager,
         )
+        return dict(result.to_dict())
 
     def patch_merge(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest
     ) -> Manifest:
         """A JSON merge patch; with metadata.resourceVersion in it, the API server answers 409 if the object
         changed since that version (optimistic concurrency)."""
+        self._fenced()
         result = self._resource(api_version, kind).patch(
             body=patch,
             name=name,
@@ -129,6 +154,7 @@ class Kube:
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete exactly the object that was read (uid precondition): never a look-alike made since."""
+        self._fenced()
         with contextlib.suppress(NotFoundError, ConflictError):
             self._resource(api_version, kind).delete(
                 name=name,
@@ -140,6 +166,7 @@ class Kube:
         self, namespace: str, name: str, labels: dict[str, str | None], annotations: dict[str, str | None]
     ) -> None:
         """A merge patch of a pod's labels and annotations; None removes one."""
+        self._fenced()
         self.core.patch_namespaced_pod(
             name, namespace, {"metadata": {"labels": labels, "annotations": annotations}}
         )
@@ -155,10 +182,12 @@ class Kube:
 
     def patch_service_metadata(self, namespace: str, name: str, patch: Manifest) -> None:
         """A merge patch of the VLLMService itself (only metadata: stoker never writes a user's spec)."""
+        self._fenced()
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
     def patch_service_status(self, namespace: str, name: str, status: Manifest) -> None:
         """A merge patch of the status subresource: lists (conditions) are replaced whole."""
+        self._fenced()
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=self.field_manager
         )
@@ -193,6 +222,7 @@ class Kube:
         return [self.api_client.sanitize_for_serialization(event) for event in events.items]
 
     def post_event(self, owner: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
+        self._fenced()
         meta = owner["metadata"]
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {

@@ -15,7 +15,7 @@ from pydantic import SecretStr, ValidationError
 from stoker.controller import handlers
 from stoker.controller.controlkey import ControlKeyError, ensure_control_key
 from stoker.controller.kube import Kube, load_config
-from stoker.controller.leader import lead
+from stoker.controller.leader import Leadership
 from stoker.controller.reconcile import Reconciler
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.startups import StartupRecorder
@@ -46,14 +46,22 @@ def main(argv: list[str]) -> int:
         settings = settings.model_copy(update={"control_key": SecretStr(key)})
     startups = StartupRecorder(kube, settings)
     reconciler = Reconciler(kube, settings, startups)
-    queue = WorkQueue(reconciler.reconcile, settings.workers, resync_interval=settings.drift_interval_seconds)
+    queue = WorkQueue(
+        reconciler.reconcile,
+        settings.workers,
+        resync_interval=settings.drift_interval_seconds,
+        retry_initial=settings.retry_initial_seconds,
+        retry_max=settings.retry_max_seconds,
+    )
 
     def start_working() -> None:
         queue.start()
         startups.start()
 
     if settings.leader_election:
-        lead(settings, start_working)
+        leadership = Leadership(settings, start_working)
+        kube.fence = leadership.fence  # before the first write of a term
+        leadership.start()
     else:
         start_working()
     handlers.register(queue, startups.queue)

@@ -15,6 +15,14 @@ class OperatorSettings(BaseSettings):
         default_factory=list, description="Namespaces to watch (JSON list); empty watches the whole cluster."
     )
     drift_interval_seconds: float = Field(30.0, gt=0, description="How often every object is re-checked.")
+    retry_initial_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Wait before retrying a failed reconcile; it doubles with each failure in a row.",
+    )
+    retry_max_seconds: float = Field(
+        300.0, gt=0, description="Longest wait before retrying a failed reconcile."
+    )
     metrics_port: int = Field(8080, ge=1, le=65535)
     liveness_port: int = Field(8081, ge=1, le=65535)
     # Loopback unless told otherwise: neither endpoint authenticates. The chart binds liveness to the pod
@@ -60,7 +68,11 @@ class OperatorSettings(BaseSettings):
     # A follower takes over at most lease + 2 retry periods after the leader's last renewal (12 s here).
     leader_election_lease_seconds: int = Field(8, ge=2)
     leader_election_renew_deadline_seconds: int = Field(
-        6, ge=2, description="A leader that cannot renew for this long exits (and is restarted)."
+        6,
+        ge=2,
+        description="The leader's term: it writes only this long after its last renewal began, and exits"
+        " (to be restarted) when the term passes without one. Shorter than the lease: the difference is the"
+        " margin for clock rates and a write in flight.",
     )
     leader_election_retry_seconds: int = Field(2, ge=1)
     standby_drain_seconds: float = Field(
@@ -81,6 +93,12 @@ class OperatorSettings(BaseSettings):
                 "need STOKER_LEADER_ELECTION_LEASE_SECONDS > STOKER_LEADER_ELECTION_RENEW_DEADLINE_SECONDS"
                 " > 1.2 * STOKER_LEADER_ELECTION_RETRY_SECONDS"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _retry_bounds_nest(self) -> OperatorSettings:
+        if self.retry_max_seconds < self.retry_initial_seconds:
+            raise ValueError("need STOKER_RETRY_MAX_SECONDS >= STOKER_RETRY_INITIAL_SECONDS")
         return self
 
     @property
