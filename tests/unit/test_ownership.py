@@ -1,14 +1,20 @@
 from stoker.controller.ownership import (
     ChildConflict,
     apply_ownership_patch,
+    cache_claim_signature,
     conflicts,
+    covers,
     created_by_deployment,
-    foreign_template_items,
+    foreign_template_fields,
     never_shrink,
     owned_by,
+    proven_seed,
     release,
     retained_cache_of,
+    seeded_signature,
 )
+
+KEY = "operator-signing-key-0123456789"
 
 UID = "1111-aaaa"
 
@@ -35,6 +41,7 @@ def test_every_object_in_the_way_is_a_conflict_naming_it():
             ("Service", obj("x", UID)),
             ("Deployment", obj("x", "b")),
         ],
+        KEY,
     )
     assert found == [
         ChildConflict("PersistentVolumeClaim", "ns", "x-cache"),
@@ -63,65 +70,88 @@ def test_a_pvc_is_never_shrunk_below_its_live_size():
     assert never_shrink(claim("20Gi"), claim("50Gi"))["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
-def deployment(
-    containers: list[dict], volumes: list[dict] | None = None, init: list[dict] | None = None
-) -> dict:
-    pod: dict = {"containers": containers}
-    if volumes is not None:
-        pod["volumes"] = volumes
-    if init is not None:
-        pod["initContainers"] = init
-    return {"spec": {"template": {"spec": pod}}}
+def template_fields(*leaves: str) -> dict:
+    """A managedFields fieldsV1 tree owning these pod-template paths ('|' between parts)."""
+    tree: dict = {}
+    for leaf in leaves:
+        node = tree.setdefault("f:spec", {}).setdefault("f:template", {})
+        for part in leaf.split("|"):
+            node = node.setdefault(part, {})
+    return tree
 
 
-def test_drift_removes_exactly_the_named_items_stoker_does_not_render():
-    desired = deployment(
-        [{"name": "vllm", "env": [{"name": "A"}], "volumeMounts": [{"name": "cache"}]}], [{"name": "cache"}]
-    )
-    live = deployment(
-        [
-            {
-                "name": "vllm",
-                "env": [{"name": "A"}, {"name": "HAND"}],
-                "volumeMounts": [{"name": "cache"}, {"name": "extra"}],
-            },
-            {"name": "sidecar"},
+def live_deployment(pod: dict, *managers: tuple[str, dict]) -> dict:
+    entries = [{"manager": m, "operation": "Apply", "fieldsV1": f} for m, f in managers]
+    return {"metadata": {"managedFields": entries}, "spec": {"template": {"spec": pod}}}
+
+
+VLLM = 'k:{"name":"vllm"}'
+
+
+def test_drift_removes_every_template_field_only_others_set():
+    pod = {
+        "containers": [
+            {"name": "vllm", "env": [{"name": "A"}, {"name": "HAND"}], "image": "i"},
+            {"name": "sidecar", "image": "s"},
         ],
-        [{"name": "cache"}, {"name": "extra"}],
-        init=[{"name": "setup"}],
+        "hostNetwork": True,
+        "serviceAccountName": "admin",
+        "dnsPolicy": "ClusterFirst",  # defaulted by the server: no manager, stays
+    }
+    ours = template_fields(
+        f"f:spec|f:containers|{VLLM}|.",
+        f"f:spec|f:containers|{VLLM}|f:image",
+        f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"A"}}|.',
     )
-    ops = foreign_template_items(live, desired)
+    theirs = template_fields(
+        f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"HAND"}}|.',
+        'f:spec|f:containers|k:{"name":"sidecar"}|f:image',
+        "f:spec|f:hostNetwork",
+        "f:spec|f:serviceAccountName",
+    )
+    ops = foreign_template_fields(live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
     base = "/spec/template/spec"
-    assert ops == [
-        {"op": "test", "path": f"{base}/containers/0/env/1/name", "value": "HAND"},
-        {"op": "remove", "path": f"{base}/containers/0/env/1"},
-        {"op": "test", "path": f"{base}/containers/0/volumeMounts/1/name", "value": "extra"},
-        {"op": "remove", "path": f"{base}/containers/0/volumeMounts/1"},
-        {"op": "test", "path": f"{base}/containers/1/name", "value": "sidecar"},
-        {"op": "remove", "path": f"{base}/containers/1"},
-        {"op": "test", "path": f"{base}/initContainers/0/name", "value": "setup"},
-        {"op": "remove", "path": f"{base}/initContainers/0"},
-        {"op": "test", "path": f"{base}/volumes/1/name", "value": "extra"},
-        {"op": "remove", "path": f"{base}/volumes/1"},
-    ]
-
-
-def test_a_template_as_rendered_needs_no_patch():
-    desired = deployment([{"name": "vllm", "env": [{"name": "A"}]}], [{"name": "cache"}])
-    live = deployment(
-        [{"name": "vllm", "env": [{"name": "A"}], "terminationMessagePath": "/dev/x"}], [{"name": "cache"}]
-    )
-    assert foreign_template_items(live, desired) == []
-
-
-def test_several_foreign_items_are_removed_from_the_end_so_indices_stay_valid():
-    ops = foreign_template_items(
-        deployment([{"name": "a"}, {"name": "vllm"}, {"name": "b"}]), deployment([{"name": "vllm"}])
-    )
     assert [op["path"] for op in ops if op["op"] == "remove"] == [
-        "/spec/template/spec/containers/2",
-        "/spec/template/spec/containers/0",
+        f"{base}/serviceAccountName",
+        f"{base}/hostNetwork",
+        f"{base}/containers/1",
+        f"{base}/containers/0/env/1",
     ]
+    # Each removal inside a list tests the keys of the items on its way, so a moved template fails it.
+    assert {"op": "test", "path": f"{base}/containers/1/name", "value": "sidecar"} in ops
+    assert {"op": "test", "path": f"{base}/containers/0/env/1/name", "value": "HAND"} in ops
+
+
+def test_a_field_both_set_and_a_rollout_restart_stay():
+    pod = {"containers": [{"name": "vllm", "image": "i"}]}
+    both = template_fields(f"f:spec|f:containers|{VLLM}|f:image")
+    restart = template_fields("f:metadata|f:annotations|f:kubectl.kubernetes.io/restartedAt")
+    live = live_deployment(pod, ("stoker", both), ("kubectl", both), ("kubectl-rollout", restart))
+    live["spec"]["template"]["metadata"] = {"annotations": {"kubectl.kubernetes.io/restartedAt": "t"}}
+    assert foreign_template_fields(live, "stoker") == []
+
+
+def test_the_live_object_covers_what_is_rendered_despite_defaults_and_quantity_spellings():
+    desired = {
+        "spec": {"containers": [{"name": "v", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}
+    }
+    live = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "v",
+                    "resources": {"limits": {"cpu": "1000m", "memory": "1073741824"}},
+                    "terminationMessagePath": "/dev/termination-log",
+                }
+            ],
+            "dnsPolicy": "ClusterFirst",
+        }
+    }
+    assert covers(live, desired)
+    assert not covers(live, {"spec": {"containers": [{"name": "v", "image": "x"}]}})
+    assert not covers(live, {"spec": {"containers": []}})
+    assert not covers({"spec": {"replicas": 2}}, {"spec": {"replicas": 3}})
+    assert not covers({"spec": {"paused": True}}, {"spec": {"paused": 1}})
 
 
 def pod(labels: dict, owners: list[dict]) -> dict:
@@ -161,26 +191,65 @@ def test_fields_already_applied_or_set_by_others_need_no_patch() -> None:
     assert apply_ownership_patch({"metadata": {}}, "stoker") is None
 
 
-def kept_claim(annotation: str | None, *owners: str) -> dict:
+def kept_claim(annotation: str | None, *owners: str, uid: str = "claim-uid", signed: bool = True) -> dict:
     claim = obj("x-cache", *owners)
+    claim["metadata"]["uid"] = uid
     if annotation is not None:
         claim["metadata"]["annotations"] = {"stoker.dev/compile-cache-of": annotation}
+        if signed:
+            claim["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] = cache_claim_signature(
+                KEY, claim
+            )
     return claim
 
 
-def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name():
-    assert retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x")
+def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name_with_the_operators_signature():
+    assert retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", KEY)
     # A user's own claim, one kept for another VLLMService, or one with any owner is still refused.
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim(None), "x")
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("y"), "x")
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x", "another-vllmservice-uid"), "x")
-    assert not retained_cache_of("Deployment", kept_claim("x"), "x")
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim(None), "x", KEY)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("y"), "x", KEY)
+    assert not retained_cache_of(
+        "PersistentVolumeClaim", kept_claim("x", "another-vllmservice-uid"), "x", KEY
+    )
+    assert not retained_cache_of("Deployment", kept_claim("x"), "x", KEY)
+    # Planted: stoker's annotations without a signature, a signature copied onto another claim (uid), or
+    # one made with another key.
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x", signed=False), "x", KEY)
+    copied = kept_claim("x")
+    copied["metadata"]["uid"] = "planted-uid"
+    assert not retained_cache_of("PersistentVolumeClaim", copied, "x", KEY)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", "another-operators-key")
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", None)
     found = conflicts(
         UID,
         "x",
         [("PersistentVolumeClaim", kept_claim("x")), ("PersistentVolumeClaim", kept_claim(None))],
+        KEY,
     )
     assert found == [ChildConflict("PersistentVolumeClaim", "ns", "x-cache")]
+
+
+def test_a_seeded_key_counts_only_with_the_operators_signature_over_this_claim():
+    claim = kept_claim("x")
+    facts = '{"layers":32}'
+    annotations = claim["metadata"]["annotations"]
+    annotations.update(
+        {
+            "stoker.dev/seeded-key": "k" * 64,
+            "stoker.dev/model-facts": facts,
+            "stoker.dev/seeded-signature": seeded_signature(KEY, claim, "k" * 64, facts),
+        }
+    )
+    proven = proven_seed(claim, KEY)
+    assert proven is not None and proven.key == "k" * 64 and proven.facts == facts
+    forged_facts = {**claim, "metadata": {**claim["metadata"], "annotations": dict(annotations)}}
+    forged_facts["metadata"]["annotations"]["stoker.dev/model-facts"] = '{"layers":9223372036854775807}'
+    assert proven_seed(forged_facts, KEY) is None
+    other_claim = {**claim, "metadata": {**claim["metadata"], "uid": "planted"}}
+    assert proven_seed(other_claim, KEY) is None
+    assert proven_seed(claim, None) is None
+    del annotations["stoker.dev/seeded-signature"]
+    assert proven_seed(claim, KEY) is None
 
 
 def test_release_removes_only_this_owners_reference_after_testing_it():

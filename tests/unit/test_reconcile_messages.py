@@ -2,8 +2,9 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
+from stoker.controller.act import api_error_message
 from stoker.controller.conditions import Condition
-from stoker.controller.reconcile import _changed, api_error_message
+from stoker.controller.decide import _changed
 
 
 def test_a_refused_write_is_told_by_the_servers_own_message():

@@ -9,7 +9,7 @@ from typing import Any
 
 from stoker.controller.diagnose import Problem
 
-CONDITION_TYPES = ("Ready", "CacheSeeded", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Available", "CacheSeeded", "Progressing", "Degraded", "StartupRecorded")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,11 @@ class Rollout:
 
 def ready_condition(gate_closed: bool, seed_job: str, serves_all: bool, rollout: Rollout) -> Condition:
     counts = f"{rollout.serving}/{rollout.desired} replicas ready"
+    if serves_all and gate_closed:
+        # The replicas of the previous key keep serving while the seed fills the cache for the new one.
+        return Condition(
+            "Ready", True, "ReplicasReady", f"{counts}; seed job {seed_job} runs, see Progressing"
+        )
     if gate_closed:
         return Condition(
             "Ready", False, "WaitingForSeed", f"Serving replicas wait for seed job {seed_job}; {counts}"
@@ -42,6 +47,27 @@ def ready_condition(gate_closed: bool, seed_job: str, serves_all: bool, rollout:
     if serves_all:
         return Condition("Ready", True, "ReplicasReady", counts)
     return Condition("Ready", False, "RollingOut", f"{counts}; see Progressing")
+
+
+def available_condition(rollout: Rollout) -> Condition:
+    """As a Deployment's: enough replicas serve, however far a rollout or a seed has come (the
+    Deployment's default maxUnavailable, a quarter rounded down, may be missing)."""
+    needed = rollout.desired - rollout.desired // 4
+    counts = f"{rollout.serving}/{rollout.desired} replicas serve, {needed} needed"
+    if rollout.serving >= needed:
+        return Condition("Available", True, "MinimumReplicasAvailable", counts)
+    return Condition("Available", False, "MinimumReplicasUnavailable", counts)
+
+
+def recording_condition(recording: dict[str, Any] | None) -> Condition | None:
+    """Whether this service's last start could be recorded (status.startup.recording, written by the
+    startup recorder): a refused observation or store write, in the service it concerns."""
+    if not recording:
+        return None
+    refused = recording.get("refused")
+    if refused:
+        return Condition("StartupRecorded", False, "RecordRefused", str(refused)[:1024])
+    return Condition("StartupRecorded", True, "Recorded", "The last start was recorded")
 
 
 def cache_seeded_condition(

@@ -12,7 +12,9 @@ import prometheus_client
 from kubernetes.client.exceptions import ApiException
 from pydantic import SecretStr, ValidationError
 
+from stoker.controller import cache as object_cache
 from stoker.controller import handlers
+from stoker.controller.cache import ObjectCache
 from stoker.controller.controlkey import ControlKeyError, ensure_control_key
 from stoker.controller.kube import Kube, load_config
 from stoker.controller.leader import Leadership
@@ -44,8 +46,10 @@ def main(argv: list[str]) -> int:
             print(f"cannot get the control key: {error}", file=sys.stderr)
             return 2
         settings = settings.model_copy(update={"control_key": SecretStr(key)})
-    startups = StartupRecorder(kube, settings)
-    reconciler = Reconciler(kube, settings, startups)
+    queue: WorkQueue
+    startups = StartupRecorder(kube, settings, recorded=lambda key: queue.add(key, resync=False))
+    cache = ObjectCache()
+    reconciler = Reconciler(kube, settings, cache, startups)
     queue = WorkQueue(
         reconciler.reconcile,
         settings.workers,
@@ -64,6 +68,7 @@ def main(argv: list[str]) -> int:
         leadership.start()
     else:
         start_working()
+    object_cache.register(cache)  # before the handlers that queue work, so a pass finds what woke it
     handlers.register(queue, startups.queue)
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)

@@ -15,44 +15,101 @@ refuses it if that changed in between (no window in which a newcomer is taken):
 
 One exception, explicit and narrow: a compile-cache PVC kept after its VLLMService was deleted
 (`retentionPolicy: Retain`) has no owner reference by design, so the next VLLMService of the same name
-takes it back when it has no owner references at all and carries the annotation stoker put on it when
-creating it, naming that VLLMService (`stoker.dev/compile-cache-of`). A user's own PVC lacks the
-annotation and is still refused; one that names another VLLMService, or has any owner, too.
+takes it back when it has no owner references at all, carries the annotation naming that VLLMService
+(`stoker.dev/compile-cache-of`) and the operator's signature over the claim's own uid
+(`stoker.dev/compile-cache-signature`), which stoker adds right after creating the claim, before it lets
+go of its owner reference. A claim a tenant made, with copied annotations, has another uid: refused. What
+the cache holds is trusted (the seed skipped) only with a second signature over the claim's uid and the
+seeded key (`stoker.dev/seeded-signature`): Inductor and Triton caches are code the pods load.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from stoker.render import RETAINED_CACHE_ANNOTATION
+from stoker.render import (
+    CACHE_CLAIM_SIGNATURE_ANNOTATION,
+    MODEL_FACTS_ANNOTATION,
+    RETAINED_CACHE_ANNOTATION,
+    SEEDED_KEY_ANNOTATION,
+    SEEDED_SIGNATURE_ANNOTATION,
+)
 
 Manifest = dict[str, Any]
-
-# Lists in a pod template whose items are named: the ones drift correction prunes.
-_POD_LISTS = ("containers", "initContainers", "volumes")
-_CONTAINER_LISTS = ("env", "volumeMounts")
 
 
 def owned_by(obj: Manifest, owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def retained_cache_of(kind: str, obj: Manifest, service_name: str) -> bool:
-    """A compile-cache PVC stoker created for a VLLMService of this name and kept after its deletion."""
+def _hmac(secret: str, *parts: str) -> str:
+    return hmac.new(secret.encode(), "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def cache_claim_signature(secret: str, claim: Manifest) -> str:
+    """The operator's HMAC-SHA256 over a cache claim it created: namespace, uid and the VLLMService name
+    it keeps the cache of. A tenant can copy stoker's annotations onto a claim, not sign that claim's uid."""
+    meta = claim["metadata"]
+    service = (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) or ""
+    return _hmac(secret, "compile-cache-of", meta["namespace"], meta["uid"], service)
+
+
+def retained_cache_of(kind: str, obj: Manifest, service_name: str, secret: str | None) -> bool:
+    """A compile-cache PVC stoker created for a VLLMService of this name and kept after its deletion: no
+    owner, annotated with that name, and signed by the operator for this very claim."""
     meta = obj["metadata"]
+    annotations = meta.get("annotations") or {}
+    signature = annotations.get(CACHE_CLAIM_SIGNATURE_ANNOTATION)
     return (
         kind == "PersistentVolumeClaim"
         and not meta.get("ownerReferences")
-        and (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) == service_name
+        and annotations.get(RETAINED_CACHE_ANNOTATION) == service_name
+        and secret is not None
+        and signature is not None
+        and bool(meta.get("uid"))
+        and hmac.compare_digest(signature, cache_claim_signature(secret, obj))
     )
 
 
-def stokers(kind: str, obj: Manifest, owner_uid: str, service_name: str) -> bool:
+def stokers(kind: str, obj: Manifest, owner_uid: str, service_name: str, secret: str | None) -> bool:
     """Whether stoker may apply to this object for the VLLMService (uid, name)."""
-    return owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name)
+    return owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name, secret)
+
+
+def seeded_signature(secret: str, claim: Manifest, seeded_key: str, facts: str | None) -> str:
+    """The operator's HMAC-SHA256 proving that it seeded this very claim (namespace and uid) for
+    `seeded_key`, and read `facts` from that seed."""
+    meta = claim["metadata"]
+    return _hmac(secret, "seeded", meta["namespace"], meta["uid"], seeded_key, facts or "")
+
+
+@dataclass(frozen=True)
+class SeededClaim:
+    """What a cache claim proves stoker seeded into it."""
+
+    key: str
+    facts: str | None
+
+
+def proven_seed(claim: Manifest | None, secret: str | None) -> SeededClaim | None:
+    """The seeded key and facts a claim's annotations carry, only if the operator's signature over this
+    claim's uid matches: annotations a tenant wrote, or copied from another claim, prove nothing."""
+    if claim is None or secret is None:
+        return None
+    annotations = claim["metadata"].get("annotations") or {}
+    key, signature = annotations.get(SEEDED_KEY_ANNOTATION), annotations.get(SEEDED_SIGNATURE_ANNOTATION)
+    if not key or not signature or not claim["metadata"].get("uid"):
+        return None
+    facts = annotations.get(MODEL_FACTS_ANNOTATION)
+    if not hmac.compare_digest(signature, seeded_signature(secret, claim, key, facts)):
+        return None
+    return SeededClaim(key, facts)
 
 
 def release(obj: Manifest, owner_uid: str) -> list[Manifest]:
@@ -94,13 +151,15 @@ class ChildConflict:
         return f"{self.subject} exists and is not owned by this VLLMService; rename or delete it"
 
 
-def conflicts(owner_uid: str, service_name: str, live: list[tuple[str, Manifest]]) -> list[ChildConflict]:
+def conflicts(
+    owner_uid: str, service_name: str, live: list[tuple[str, Manifest]], secret: str | None
+) -> list[ChildConflict]:
     """The live objects (kind, object) in the way: a child's name, neither carrying this VLLMService's
     owner reference nor a compile cache retained for its name."""
     return [
         ChildConflict(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
         for kind, obj in live
-        if not stokers(kind, obj, owner_uid, service_name)
+        if not stokers(kind, obj, owner_uid, service_name, secret)
     ]
 
 
@@ -133,41 +192,117 @@ def never_shrink(desired: Manifest, live: Manifest) -> Manifest:
     return {**desired, "spec": {**desired["spec"], "resources": {"requests": {"storage": live_size}}}}
 
 
-def foreign_template_items(live: Manifest, desired: Manifest) -> list[Manifest]:
-    """A JSON patch removing from a live Deployment's pod template every named item (container, init
-    container, volume; env variable or volume mount of a stoker container) that stoker does not render.
+def covers(live: Any, desired: Any) -> bool:
+    """Whether the live object already has every field stoker renders, with the same value: then applying
+    would change nothing that stoker owns. Fields the server defaulted or others added are ignored here
+    (`foreign_template_fields` removes those others added to the pod template). Quantities compare by
+    value, as the server may print `1000m` as `1`."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(
+            key in live and covers(live[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(covers(have, want) for have, want in zip(live, desired, strict=True))
+        )
+    if type(live) is type(desired) and live == desired:  # True is not 1
+        return True
+    if isinstance(desired, str) and isinstance(live, str):
+        try:
+            return bool(parse_quantity(live) == parse_quantity(desired))
+        except ValueError:
+            return False
+    return False
 
-    Server-side apply never removes what another field manager added (a hand-added sidecar stays), and a
-    whole-template replace would also drop the server's defaults and other controllers' fields; removing
-    exactly the foreign named items is the least that restores the rendered pods. Every removal is
-    preceded by a `test` of the item's name, so the patch fails as a whole if the template moved since
-    it was read."""
-    live_pod = _dig(live, ("spec", "template", "spec")) or {}
-    desired_pod = _dig(desired, ("spec", "template", "spec")) or {}
-    base = "/spec/template/spec"
-    ops: list[Manifest] = []
-    # Items inside stoker's containers first: removing a foreign container shifts the indices after it.
-    wanted_containers = {c["name"]: c for c in desired_pod.get("containers") or []}
-    for index, container in enumerate(live_pod.get("containers") or []):
-        wanted = wanted_containers.get(container.get("name"))
-        if wanted is None:
+
+# Pod-template fields that another manager may keep: `kubectl rollout restart` stamps this annotation, and
+# removing it would roll the pods out once more.
+_KEPT_TEMPLATE_FIELDS = (("f:metadata", "f:annotations", "f:kubectl.kubernetes.io/restartedAt"),)
+_TEMPLATE = ("f:spec", "f:template")
+
+
+def foreign_template_fields(live: Manifest, manager: str) -> list[Manifest]:
+    """A JSON patch removing from a live Deployment's pod template every field that only other field
+    managers own: a hand-added sidecar, env variable or volume, `hostNetwork: true`, another
+    `serviceAccountName`. managedFields say who set what; what the server defaulted has no manager and
+    stays, and a field stoker owns too (the same value applied by both) stays.
+
+    Call it on the object as stoker's last apply returned it: the apply took back every field stoker
+    renders, so what others still own is what stoker does not render. Each removal is preceded by `test`s
+    of the keys of every list item on its path, so the patch fails whole if the template moved since."""
+    ours: set[tuple[str, ...]] = set()
+    theirs: list[tuple[str, ...]] = []
+    for entry in live["metadata"].get("managedFields") or []:
+        if entry.get("subresource"):
             continue
-        for field in _CONTAINER_LISTS:
-            ops += _removals(f"{base}/containers/{index}/{field}", container.get(field), wanted.get(field))
-    for field in _POD_LISTS:
-        ops += _removals(f"{base}/{field}", live_pod.get(field), desired_pod.get(field))
-    return ops
-
-
-def _removals(path: str, live: list[Manifest] | None, desired: list[Manifest] | None) -> list[Manifest]:
-    names = {item.get("name") for item in desired or []}
+        template = _dig(entry.get("fieldsV1") or {}, _TEMPLATE)
+        if not isinstance(template, dict):
+            continue
+        leaves = list(_leaf_paths(template, ()))
+        if entry.get("manager") == manager:
+            ours.update(path[:depth] for path in leaves for depth in range(1, len(path) + 1))
+        else:
+            theirs += leaves
+    targets: dict[tuple[str, ...], None] = {}
+    for path in theirs:
+        if any(path[: len(kept)] == kept for kept in _KEPT_TEMPLATE_FIELDS):
+            continue
+        depth = next((d for d in range(1, len(path) + 1) if path[:d] not in ours), None)
+        if depth is not None:
+            targets[path[:depth]] = None
+    template_object = _dig(live, ("spec", "template"))
+    resolved = [r for r in (_resolve(template_object, path) for path in targets) if r is not None]
     ops: list[Manifest] = []
-    for index in reversed(range(len(live or []))):
-        name = (live or [])[index].get("name")
-        if name not in names:
-            ops.append({"op": "test", "path": f"{path}/{index}/name", "value": name})
-            ops.append({"op": "remove", "path": f"{path}/{index}"})
+    # Deepest and last items first, so that no removal shifts the index of one still to come.
+    for pointer, tests in sorted(resolved, key=lambda r: r[0], reverse=True):
+        ops += [op for op in tests if op not in ops]
+        ops.append({"op": "remove", "path": "/spec/template" + "".join(f"/{_escape(p)}" for p in pointer)})
     return ops
+
+
+def _leaf_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> Any:
+    """Paths of managedFields' fieldsV1 leaves: an empty set, or a node marked owned itself ('.')."""
+    children = [key for key in node if key != "."]
+    if not children or "." in node:
+        yield prefix
+    for key in children:
+        if isinstance(node[key], dict):
+            yield from _leaf_paths(node[key], (*prefix, key))
+
+
+def _resolve(obj: Any, path: tuple[str, ...]) -> tuple[tuple[Any, ...], list[Manifest]] | None:
+    """The JSON pointer parts of a fieldsV1 path in `obj` (under the pod template) and `test`s of the keys
+    of each list item on the way; None if the path is no longer there."""
+    pointer: list[Any] = []
+    tests: list[Manifest] = []
+    for token in path:
+        kind, _, value = token.partition(":")
+        if kind == "f" and isinstance(obj, dict) and value in obj:
+            pointer.append(value)
+            obj = obj[value]
+        elif kind == "k" and isinstance(obj, list):
+            keys = json.loads(value)
+            index = next(
+                (i for i, item in enumerate(obj) if all(item.get(k) == v for k, v in keys.items())), None
+            )
+            if index is None:
+                return None
+            pointer.append(index)
+            where = "/spec/template" + "".join(f"/{_escape(p)}" for p in pointer)
+            tests += [{"op": "test", "path": f"{where}/{_escape(k)}", "value": v} for k, v in keys.items()]
+            obj = obj[index]
+        elif kind == "v" and isinstance(obj, list) and json.loads(value) in obj:
+            pointer.append(obj.index(json.loads(value)))
+            obj = obj[pointer[-1]]
+        else:
+            return None
+    return tuple(pointer), tests
+
+
+def _escape(part: Any) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
 
 
 def _dig(obj: Manifest, path: tuple[str, ...]) -> Any:

@@ -13,6 +13,7 @@ from stoker.render.engine import (
     model_string,
 )
 from stoker.render.names import (
+    CACHE_CLAIM_SIGNATURE_ANNOTATION,
     CACHE_KEY_ANNOTATION,
     CACHE_KEY_LABEL,
     COMPONENT_LABEL,
@@ -21,7 +22,9 @@ from stoker.render.names import (
     INSTANCE_LABEL,
     MODEL_FACTS_ANNOTATION,
     RETAINED_CACHE_ANNOTATION,
+    SEED_CLAIM_UID_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
+    SEEDED_SIGNATURE_ANNOTATION,
     cache_pvc_name,
     common_labels,
     deployment_name,
@@ -38,6 +41,7 @@ from stoker.render.seed import build_seed_job, seed_invocation
 from stoker.render.service import build_service
 
 __all__ = [
+    "CACHE_CLAIM_SIGNATURE_ANNOTATION",
     "CACHE_KEY_ANNOTATION",
     "CACHE_KEY_LABEL",
     "CACHE_MOUNT_PATH",
@@ -48,7 +52,9 @@ __all__ = [
     "MODEL_FACTS_ANNOTATION",
     "PORT",
     "RETAINED_CACHE_ANNOTATION",
+    "SEED_CLAIM_UID_ANNOTATION",
     "SEEDED_KEY_ANNOTATION",
+    "SEEDED_SIGNATURE_ANNOTATION",
     "EngineInvocation",
     "Role",
     "build_cache_pvc",

@@ -30,6 +30,14 @@ SEEDED_KEY_ANNOTATION = "stoker.dev/seeded-key"
 # Beside it, the model facts that seed printed: a VLLMService that reuses the claim without a seed run
 # still has them for its startup prediction.
 MODEL_FACTS_ANNOTATION = "stoker.dev/model-facts"
+# The operator's HMAC over the claim's namespace, uid, seeded key and facts: a tenant can copy the two
+# annotations above onto a claim of their own, but not sign them for its uid.
+SEEDED_SIGNATURE_ANNOTATION = "stoker.dev/seeded-signature"
+# The operator's HMAC over a cache claim's namespace, uid and VLLMService name: only a signed claim
+# without owners is taken back (see controller/ownership.py).
+CACHE_CLAIM_SIGNATURE_ANNOTATION = "stoker.dev/compile-cache-signature"
+# On a seed Job: the uid of the cache claim it fills. A claim re-created since is not filled by it.
+SEED_CLAIM_UID_ANNOTATION = "stoker.dev/seed-claim-uid"
 
 ROLE_ACTIVE = "active"
 ROLE_STANDBY = "standby"
@@ -112,5 +120,5 @@ def object_meta(
     if svc.namespace:
         metadata["namespace"] = svc.namespace
     if annotations:
-        metadata["annotations"] = annotations
+        metadata["annotations"] = dict(annotations)
     return metadata

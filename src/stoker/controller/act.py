@@ -1,0 +1,194 @@
+"""Act: carry out what `decide` planned, and nothing else. Every write's result goes into the watch cache
+at once, so the next pass does not act on what it already did (the Deployment controller's expectations).
+
+Writes carry what the observation saw, so that the API server refuses them if it changed meanwhile (see
+ownership.py): creates are POSTs (409 if something appeared), applies carry the live uid, deletions a uid
+precondition, the control Secret a JSON patch testing its owner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+
+from kubernetes.client.exceptions import ApiException
+
+from stoker.api import VLLMServiceStatus
+from stoker.controller.cache import ObjectCache
+from stoker.controller.decide import ChildrenPlan, Event, Outcome
+from stoker.controller.kube import Kube, Manifest
+from stoker.controller.objects import merge_patch
+from stoker.controller.observe import Observer
+from stoker.controller.ownership import ChildConflict, foreign_template_fields, release
+from stoker.render import SEED_CLAIM_UID_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+SECRET_MEMORY = 65536  # control Secrets remembered as written; forgetting one costs one write
+
+
+class InTheWay(Exception):
+    """The control Secret's name is taken by a Secret that is not this VLLMService's."""
+
+    def __init__(self, conflict: ChildConflict) -> None:
+        super().__init__(conflict.message)
+        self.conflict = conflict
+
+
+class Actor:
+    def __init__(self, kube: Kube, cache: ObjectCache, observer: Observer) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.observer = observer
+        # The control Secret is never read (no watch, no GET), so what this process wrote is what it
+        # knows: (namespace, name, owner uid) -> digest of the written data.
+        self._secrets: dict[tuple[str, str, str], str] = {}
+        self._guard = threading.Lock()
+
+    def write_children(self, body: Manifest, plan: ChildrenPlan) -> Outcome:
+        """Create, apply and delete as planned; refused writes are collected, not raised (the status says
+        them, the queue backs off). Raises InTheWay if the control Secret's name is taken."""
+        namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
+        written_children: dict[tuple[str, str], Manifest | None] = {}
+        apply_errors: list[str] = []
+        claim_uid: str | None = None
+        for write in plan.writes:
+            child, kind, name = write.desired, write.desired["kind"], write.desired["metadata"]["name"]
+            if kind == "Job" and claim_uid is not None:  # the claim was created just now
+                child["metadata"]["annotations"][SEED_CLAIM_UID_ANNOTATION] = claim_uid
+            try:
+                written = self._write(child, write.current, uid)
+                if write.release_owner and written is not None:
+                    written = self.kube.patch_json("v1", kind, namespace, name, release(written, uid))
+            except ApiException as error:
+                if error.status == 409 and write.current is None:
+                    self._in_the_way(child)
+                apply_errors.append(f"{kind} {namespace}/{name}: {api_error_message(error)}")
+                continue
+            if written is None:
+                continue
+            self.cache.remember(written)
+            written_children[(kind, name)] = written
+            if kind == "PersistentVolumeClaim" and name == plan.claim_name:
+                claim_uid = written["metadata"]["uid"]
+            if kind == "Job":
+                self.event(body, Event("SeedStarted", f"Started seed job {name}"))
+        for obj in plan.deletions:
+            meta = obj["metadata"]
+            self.kube.delete(obj["apiVersion"], obj["kind"], namespace, meta["name"], meta["uid"])
+            log.info("Deleted %s=%s/%s", obj["kind"].lower(), namespace, meta["name"])
+        return Outcome(written_children, apply_errors)
+
+    def _write(self, child: Manifest, current: Manifest | None, owner_uid: str) -> Manifest | None:
+        """Create a missing child or apply one that is stoker's; the Secret only if this process has not
+        written it as it is now."""
+        if child["kind"] == "Secret":
+            return self._write_secret(child, owner_uid)
+        if current is None:
+            # Create, not apply: if an object of that name appeared since the read, this fails (409)
+            # instead of taking it over.
+            created = self.kube.create(child)
+            if child["kind"] == "Deployment":
+                # So that later applies remove what stoker stops rendering in the pod template (a label
+                # dropped from spec.pod). Only here: the other kinds' specs are immutable or hold fields the
+                # server allocates, and what stoker renders on them does not shrink.
+                self._own_as_applied(created)
+            return created
+        # The uid read with the owner reference: if the object was replaced since, the API server refuses
+        # the apply (uid is immutable) instead of applying to the newcomer.
+        child["metadata"]["uid"] = current["metadata"]["uid"]
+        written = self.kube.apply(child)
+        if child["kind"] == "Deployment":
+            foreign = foreign_template_fields(written, self.kube.field_manager)
+            if foreign:
+                meta = child["metadata"]
+                written = self.kube.patch_json(
+                    "apps/v1", "Deployment", meta["namespace"], meta["name"], foreign
+                )
+                log.info(
+                    "Removed from the pod template what stoker does not render deployment=%s/%s paths=%s",
+                    meta["namespace"],
+                    meta["name"],
+                    ",".join(op["path"] for op in foreign if op["op"] == "remove"),
+                )
+        return written
+
+    def _own_as_applied(self, created: Manifest) -> None:
+        try:
+            self.kube.own_as_applied(created)
+        except ApiException as error:  # the child exists as created; only later pruning is at stake
+            meta = created["metadata"]
+            log.warning(
+                "Taking created fields as applied failed %s=%s/%s: %s",
+                created["kind"].lower(),
+                meta["namespace"],
+                meta["name"],
+                api_error_message(error),
+            )
+
+    def _write_secret(self, secret: Manifest, owner_uid: str) -> Manifest | None:
+        """Create the Secret, or patch it only if its first owner reference is this object's: a JSON
+        patch whose `test` makes the ownership check and the write one atomic step, without a read."""
+        meta = secret["metadata"]
+        memory = (meta["namespace"], meta["name"], owner_uid)
+        digest = hashlib.sha256(json.dumps(secret, sort_keys=True).encode()).hexdigest()
+        with self._guard:
+            if self._secrets.get(memory) == digest:
+                return None
+        try:
+            self.kube.create(secret)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            ops = [
+                {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": owner_uid},
+                {"op": "add", "path": "/metadata/labels", "value": meta["labels"]},
+                {"op": "add", "path": "/data", "value": secret["data"]},
+            ]
+            try:
+                self.kube.patch_json("v1", "Secret", meta["namespace"], meta["name"], ops)
+            except ApiException as refused:
+                if refused.status == 422:  # the test failed: no owner reference, or another owner's
+                    raise InTheWay(ChildConflict("Secret", meta["namespace"], meta["name"])) from refused
+                raise
+        with self._guard:
+            if len(self._secrets) >= SECRET_MEMORY:
+                self._secrets.clear()
+            self._secrets[memory] = digest
+        return None
+
+    def _in_the_way(self, child: Manifest) -> None:
+        """A create met an object of that name: if no watch brings it (not labelled as stoker's), read it
+        from now on, so that the next pass sees it and reports it."""
+        meta = child["metadata"]
+        found = self.kube.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+        if found is not None:
+            found.setdefault("kind", child["kind"])
+            self.observer.met_in_the_way(found)
+
+    def event(self, body: Manifest, event: Event) -> None:
+        self.kube.post_event(body, event.reason, event.message, warning=event.warning)
+
+    def write_status(self, body: Manifest, new_status: Manifest) -> None:
+        """A merge patch of what changed in status, nothing if nothing did."""
+        wanted, written = status_document(new_status), status_document(body.get("status") or {})
+        if wanted == written:
+            return  # nothing changed: no write, no watch event, no churn
+        meta = body["metadata"]
+        self.kube.patch_service_status(meta["namespace"], meta["name"], merge_patch(written, wanted))
+
+
+def api_error_message(error: ApiException) -> str:
+    """The API server's own message for a refused request, with its status code."""
+    try:
+        message = json.loads(error.body or "{}").get("message") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    return f"{message} (HTTP {error.status})"
+
+
+def status_document(status: Manifest) -> Manifest:
+    """Status through its model: what is written has the CRD's shape, or this fails loudly here."""
+    return VLLMServiceStatus.model_validate(status).model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,463 @@
+"""Decide: from one observed snapshot of a VLLMService and its children to what should be written.
+
+Pure: no API calls, no clocks but the `now` in the snapshot. `decide_children` says which children to
+create or apply (only those whose live object lacks something stoker renders, or whose pod template
+carries fields only others set), which to delete, what the cache status becomes and which Events to post;
+`decide_status` turns the outcome of those writes into the status and its conditions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from stoker.api import VLLMService
+from stoker.controller.conditions import (
+    Condition,
+    Rollout,
+    available_condition,
+    cache_seeded_condition,
+    degraded_condition,
+    merge_conditions,
+    progressing_condition,
+    ready_condition,
+    recording_condition,
+)
+from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, child_problems
+from stoker.controller.objects import job_outcome, still_running
+from stoker.controller.ownership import (
+    cache_claim_signature,
+    conflicts,
+    covers,
+    foreign_template_fields,
+    never_shrink,
+    owned_by,
+    proven_seed,
+    seeded_signature,
+    stokers,
+)
+from stoker.predict.model import ModelFacts
+from stoker.render import (
+    CACHE_CLAIM_SIGNATURE_ANNOTATION,
+    CACHE_KEY_LABEL,
+    MODEL_FACTS_ANNOTATION,
+    SEED_CLAIM_UID_ANNOTATION,
+    SEEDED_KEY_ANNOTATION,
+    SEEDED_SIGNATURE_ANNOTATION,
+    cache_key,
+    cache_pvc_name,
+    deployment_name,
+    pod_count,
+    render_children,
+    seed_job_name,
+    seed_wanted,
+    serving_selector,
+    short_cache_key,
+)
+
+Manifest = dict[str, Any]
+
+# Degraded reasons that are faults of a child or of the cluster, each worth a Warning Event when it starts
+# or changes (SeedFailed and CompileCacheMiss post their own).
+FAULT_REASONS = frozenset(
+    {"ApplyFailed", "VolumeProvisioningFailed", "PodCreationFailed", "StandbyBackoff"}
+) | (STUCK_WAITING_REASONS)
+# How soon to look again while a superseded seed Job of a re-created claim is being deleted.
+DELETION_RECHECK_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One VLLMService and what it owns, as observed (from the watch caches) at `now`."""
+
+    body: Manifest
+    svc: VLLMService
+    # Each rendered child's live object by (kind, name), None if absent; never the control Secret.
+    children: dict[tuple[str, str], Manifest | None]
+    seed_jobs: list[Manifest]  # Jobs labelled as this service's seeds, any key
+    pods: list[Manifest]  # serving pods its Deployment's ReplicaSets created
+    seed_pods: list[Manifest]  # pods of its seed Jobs
+    claim_events: dict[str, list[Manifest]]  # Pending claims' events, by claim uid
+    job_events: list[Manifest]  # the running seed Job's events, when it has no pods
+    control_token: str | None  # standby only
+    signing_key: str | None  # the operator's key, which signs what it seeded
+    field_manager: str
+    now: str  # RFC 3339
+
+
+@dataclass(frozen=True)
+class ChildWrite:
+    """A child to create (`current` None) or apply; a seed Job learns its claim's uid when written."""
+
+    desired: Manifest
+    current: Manifest | None
+    release_owner: bool = False  # switched to Retain: remove the owner reference stoker created it with
+
+
+@dataclass
+class ChildrenPlan:
+    key: str
+    short_key: str
+    seed_name: str
+    seeding: bool
+    seeded: bool
+    gate_closed: bool
+    seed_job: Manifest | None
+    seed_outcome: str | None
+    cache: Manifest
+    claim_name: str
+    blocked: str | None = None  # why nothing is written: objects in the way
+    writes: list[ChildWrite] = field(default_factory=list)
+    deletions: list[Manifest] = field(default_factory=list)  # live objects to delete (uid precondition)
+    events: list[Event] = field(default_factory=list)
+    reused_facts: str | None = None
+    recheck_after: float | None = None
+
+
+def decide_children(snap: Snapshot) -> ChildrenPlan:
+    svc, meta = snap.svc, snap.body["metadata"]
+    status, uid = snap.body.get("status") or {}, meta["uid"]
+    key, short_key = cache_key(svc), short_cache_key(svc)
+    cache = dict(status.get("cache") or {})
+    compile_cache = svc.spec.cold_start.compile_cache
+    claim_name = cache_pvc_name(svc.name)
+    claim = snap.children.get(("PersistentVolumeClaim", claim_name)) if compile_cache.enabled else None
+    claim_is_ours = claim is not None and stokers(
+        "PersistentVolumeClaim", claim, uid, svc.name, snap.signing_key
+    )
+    claim_uid = claim["metadata"]["uid"] if claim is not None and claim_is_ours else None
+    seeding = seed_wanted(svc)
+    events: list[Event] = []
+
+    # What status says was seeded holds for the claim it was seeded into: one deleted and re-created
+    # since is empty, whatever annotations it carries.
+    if (
+        claim_uid is not None
+        and cache.get("seededKey")
+        and cache.setdefault("claimUid", claim_uid) != claim_uid
+    ):
+        for stale in ("seededKey", "seededAt", "claimUid"):
+            cache.pop(stale, None)
+        events.append(
+            Event("CacheClaimReplaced", f"PVC {claim_name} was re-created empty; seeding it again", True)
+        )
+    reused_facts = None
+    proven = proven_seed(claim, snap.signing_key) if claim_is_ours else None
+    if seeding and proven is not None and proven.key == key and cache.get("seededKey") != key:
+        # A kept cache (an earlier VLLMService of this name, or this one before an edit and back) that
+        # the operator's signature proves it seeded for this key: no seed Job, and the facts it read.
+        cache.update(seededKey=key, seededAt=snap.now, claimUid=claim_uid)
+        reused_facts = proven.facts
+        events.append(Event("CacheReused", f"PVC {claim_name} holds the compile cache for key {short_key}"))
+
+    seed_name = seed_job_name(svc.name, short_key)
+    seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
+    # Once seeded and its run recorded, the Job has nothing more to tell.
+    seed_needed = seeding and not (cache.get("seededKey") == key and seed_recorded)
+    seed_job = next((j for j in snap.seed_jobs if j["metadata"]["name"] == seed_name), None)
+    in_the_way = conflicts(
+        uid, svc.name, [("Job", seed_job)] if seed_job is not None else [], snap.signing_key
+    )
+    deletions: list[Manifest] = []
+    seed_job_leaving = False
+    if seed_job is not None and not in_the_way:
+        filled = (seed_job["metadata"].get("annotations") or {}).get(SEED_CLAIM_UID_ANNOTATION)
+        if filled and claim_uid and filled != claim_uid and cache.get("seededKey") != key:
+            # It filled a claim that is gone: run it again for the new one, once this one is deleted.
+            deletions.append(seed_job)
+            seed_job_leaving = True
+    if not seed_needed or in_the_way or seed_job_leaving:
+        seed_job = None  # a Job stoker did not create tells nothing about the cache
+    seed_outcome = job_outcome(seed_job)
+    if seed_outcome == "succeeded" and cache.get("seededKey") != key:
+        cache.update(
+            seededKey=key,
+            seededAt=(seed_job or {}).get("status", {}).get("completionTime") or snap.now,
+            claimUid=claim_uid,
+        )
+        events.append(Event("CacheSeeded", f"Seed job {seed_name} filled the compile cache"))
+    seeded = seeding and cache.get("seededKey") == key
+    gate_closed = (
+        seeding and svc.spec.cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
+    )
+    plan = ChildrenPlan(
+        key=key,
+        short_key=short_key,
+        seed_name=seed_name,
+        seeding=seeding,
+        seeded=seeded,
+        gate_closed=gate_closed,
+        seed_job=seed_job,
+        seed_outcome=seed_outcome,
+        cache=cache,
+        claim_name=claim_name,
+        events=events,
+        deletions=deletions,
+        reused_facts=reused_facts,
+        recheck_after=DELETION_RECHECK_SECONDS if seed_job_leaving else None,
+    )
+    rendered = render_children(
+        svc, serving_replicas=0 if gate_closed else None, control_token=snap.control_token
+    )
+    in_the_way += conflicts(
+        uid,
+        svc.name,
+        [(kind, obj) for (kind, _), obj in snap.children.items() if obj is not None],
+        snap.signing_key,
+    )
+    if in_the_way:
+        # Nothing is applied, patched or deleted while anything is in the way: the serving pods do not
+        # roll out without their cache volume, and the user's object stays as it is.
+        plan.blocked = "; ".join(conflict.message for conflict in in_the_way)
+        plan.deletions, plan.events = [], []
+        return plan
+
+    deployment = snap.children.get(("Deployment", deployment_name(svc.name)))
+    facts = reused_facts or _facts_of_key(status, short_key)
+    for child in rendered:
+        kind, name = child["kind"], child["metadata"]["name"]
+        # A Job's pod template is immutable and its name carries the key: create it once, never update.
+        if kind == "Job" and (seed_job is not None or seeded or seed_job_leaving):
+            continue
+        # While the seed for a new key runs, what serves now keeps serving unchanged.
+        if kind == "Deployment" and gate_closed and deployment is not None:
+            continue
+        current = snap.children.get((kind, name))
+        if kind == "PersistentVolumeClaim" and current is not None:
+            child = never_shrink(child, current)
+        if kind == "Job" and claim_uid is not None:
+            child["metadata"].setdefault("annotations", {})[SEED_CLAIM_UID_ANNOTATION] = claim_uid
+        is_cache_claim = kind == "PersistentVolumeClaim" and name == claim_name
+        release_owner = False
+        if is_cache_claim and current is not None and snap.signing_key is not None:
+            annotations = child["metadata"]["annotations"]
+            annotations[CACHE_CLAIM_SIGNATURE_ANNOTATION] = cache_claim_signature(snap.signing_key, current)
+            if seeded:
+                annotations[SEEDED_KEY_ANNOTATION] = key
+                if facts is not None:
+                    annotations[MODEL_FACTS_ANNOTATION] = facts
+                annotations[SEEDED_SIGNATURE_ANNOTATION] = seeded_signature(
+                    snap.signing_key, current, key, facts
+                )
+            # Kept on delete: it lets go of its owner reference once signed, so that a later VLLMService
+            # of this name can prove the claim is stoker's.
+            release_owner = compile_cache.retention_policy == "Retain" and owned_by(current, uid)
+        if not is_cache_claim or current is None or (owned_by(current, uid) and not release_owner):
+            # A cache claim too is created with an owner reference, whatever its retention: until it is
+            # signed, the reference is what makes it stoker's.
+            kopf.append_owner_reference(child, owner=kopf.Body(snap.body))  # type: ignore[arg-type]
+        if is_cache_claim and current is None:
+            plan.recheck_after = 0.0  # sign it (and let go of it, under Retain) as soon as it exists
+        if (
+            kind != "Secret"
+            and current is not None
+            and not release_owner
+            and _as_rendered(snap, child, current)
+        ):
+            continue
+        plan.writes.append(ChildWrite(child, current, release_owner))
+    plan.deletions += [
+        job
+        for job in snap.seed_jobs
+        if owned_by(job, uid) and (job["metadata"].get("labels") or {}).get(CACHE_KEY_LABEL) != short_key
+    ]
+    return plan
+
+
+def _as_rendered(snap: Snapshot, desired: Manifest, live: Manifest) -> bool:
+    """Whether the live child has everything stoker renders, and (a Deployment) nothing in its pod
+    template that only others set."""
+    if not covers(live, desired):
+        return False
+    return desired["kind"] != "Deployment" or not foreign_template_fields(live, snap.field_manager)
+
+
+def _facts_of_key(status: Manifest, short_key: str) -> str | None:
+    """The model facts in status, as JSON, if a seed run of this key printed them."""
+    startup = status.get("startup") or {}
+    if startup.get("modelCacheKey") != short_key or not startup.get("model"):
+        return None
+    return json.dumps(startup["model"], sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What acting on a ChildrenPlan did: the children as written (or as they were), refused writes."""
+
+    children: dict[tuple[str, str], Manifest | None]
+    apply_errors: list[str]
+
+
+@dataclass(frozen=True)
+class StandbyView:
+    """The standby pool's counts for the status (controller.standby.StandbyOutcome)."""
+
+    active: int
+    asleep: int
+    problem: str | None
+    document: Manifest
+
+
+@dataclass
+class StatusPlan:
+    status: Manifest
+    events: list[Event]
+    result: str  # for metrics: converged or waiting
+
+
+def decide_status(
+    snap: Snapshot, plan: ChildrenPlan, outcome: Outcome, standby: StandbyView | None
+) -> StatusPlan:
+    svc, meta = snap.svc, snap.body["metadata"]
+    status = snap.body.get("status") or {}
+    generation = int(meta.get("generation") or 0)
+    startup = status.get("startup") or {}
+    last = startup.get("last") or {}
+    if last and not still_running(last, snap.pods):
+        last = {}  # its ReplicaSet was replaced (an edit) or scaled away; the recorder drops it too
+    cache = dict(plan.cache, key=plan.key)
+    cache.pop("lastHit", None)
+    if last:
+        cache["lastHit"] = last.get("compileCache") == "hit"
+    cache_missed = (
+        plan.seeded and last.get("cacheKey") == plan.short_key and last.get("compileCache") == "miss"
+    )
+    deployment = outcome.children.get(("Deployment", deployment_name(svc.name)))
+    observed = ObservedChildren(
+        claims=[o for (kind, _), o in outcome.children.items() if kind == "PersistentVolumeClaim" and o],
+        claim_events=snap.claim_events,
+        deployment=deployment,
+        job=plan.seed_job,
+        job_events=snap.job_events,
+        pods=snap.pods + snap.seed_pods,
+    )
+    problems = child_problems(observed)
+
+    desired = svc.spec.runtime.replicas
+    total = pod_count(svc)
+    dep_status = (deployment or {}).get("status") or {}
+    ready_replicas = int(dep_status.get("readyReplicas") or 0)
+    updated_replicas = int(dep_status.get("updatedReplicas") or 0)
+    updated = deployment is not None and (
+        int(dep_status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
+        and updated_replicas >= total
+    )
+    rolled_out = updated and ready_replicas >= total and int(dep_status.get("replicas") or 0) == total
+    serving, serves_all = ready_replicas, rolled_out
+    if standby is not None:
+        # Ready means the active pods serve; a standby pod still starting or falling asleep is progress.
+        serving, serves_all = standby.active, updated and standby.active >= desired
+        rolled_out = rolled_out and standby.asleep >= total - desired
+    miss = _miss_detail(last) if cache_missed else None
+    degraded = degraded_condition(
+        outcome.apply_errors,
+        problems,
+        standby.problem if standby is not None else None,
+        miss,
+        plan.seed_outcome == "failed",
+    )
+    rollout = Rollout(
+        deployment_name(svc.name), desired, total, updated_replicas, ready_replicas, serving, rolled_out
+    )
+    conditions = [
+        ready_condition(plan.gate_closed, plan.seed_name, serves_all, rollout),
+        available_condition(rollout),
+        cache_seeded_condition(plan.seeding, plan.seeded, plan.seed_outcome, plan.seed_name, plan.short_key),
+        progressing_condition(plan.gate_closed, plan.seed_name, rollout),
+        degraded,
+    ]
+    recording = recording_condition(startup.get("recording"))
+    if recording is not None:
+        conditions.append(recording)
+    events: list[Event] = []  # plan.events are the children's, posted when they were written
+    if plan.seed_outcome == "failed" and _reason(status, "CacheSeeded") != "SeedFailed":
+        events.append(Event("SeedFailed", f"Seed job {plan.seed_name} failed; replicas start cold", True))
+    if cache_missed and _reason(status, "Degraded") != "CompileCacheMiss":
+        events.append(
+            Event("CompileCacheMiss", f"Pod {last.get('pod')} compiled despite a seeded cache{miss}", True)
+        )
+    if degraded.reason in FAULT_REASONS and _changed(status, degraded):
+        events.append(Event(degraded.reason, degraded.message, True))
+    new_status: Manifest = {
+        **status,
+        "observedGeneration": generation,
+        "conditions": merge_conditions(status.get("conditions"), conditions, generation, snap.now),
+        "replicas": int(dep_status.get("replicas") or 0) if standby is None else standby.active,
+        "readyReplicas": serving,
+        "selector": serving_selector(svc),
+        "cache": cache,
+    }
+    if plan.reused_facts is not None:
+        reused = _reused_model(plan.reused_facts)
+        if reused is not None:
+            new_status["startup"] = {**startup, "model": reused, "modelCacheKey": plan.short_key}
+    if standby is not None:
+        new_status["standbyReplicas"] = standby.asleep
+        new_status["standby"] = _standby_document(standby, status)
+    return StatusPlan(new_status, events, "waiting" if plan.gate_closed else "converged")
+
+
+def blocked_status(body: Manifest, reason: str, message: str, now: str) -> StatusPlan:
+    """What stops the object (an invalid spec, an object in the way), and nothing else; a Warning Event
+    when it first happens or changes, not on every retry."""
+    status = body.get("status") or {}
+    generation = int(body["metadata"].get("generation") or 0)
+    conditions = [
+        Condition("Ready", False, reason, message),
+        Condition("Available", False, reason, message),
+        Condition("Progressing", False, reason, message),
+        Condition("Degraded", True, reason, message),
+    ]
+    events = []
+    if _changed(status, conditions[-1]) or status.get("observedGeneration") != generation:
+        events.append(Event(reason, message, True))
+    new_status = dict(status, observedGeneration=generation)
+    new_status["conditions"] = merge_conditions(status.get("conditions"), conditions, generation, now)
+    return StatusPlan(new_status, events, "invalid" if reason == "InvalidSpec" else "conflict")
+
+
+def _reused_model(facts: str) -> Manifest | None:
+    """The facts a reused cache claim carries, if they are valid model facts."""
+    try:
+        return ModelFacts.model_validate_json(facts).model_dump(mode="json", by_alias=True)
+    except ValidationError:
+        return None
+
+
+def _changed(status: Manifest, condition: Condition) -> bool:
+    """Whether a condition differs from the one in the status in reason or message: an Event's worth."""
+    before: Manifest = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == condition.type), {}
+    )
+    return (before.get("reason"), before.get("message")) != (condition.reason, condition.message)
+
+
+def _reason(status: Manifest, kind: str) -> str | None:
+    return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _standby_document(standby: StandbyView, status: Manifest) -> Manifest:
+    """The pods' roles now, and the last wake of this or an earlier reconcile."""
+    document = dict(standby.document)
+    previous_wake = (status.get("standby") or {}).get("lastWake")
+    if "lastWake" not in document and previous_wake:
+        document["lastWake"] = previous_wake
+    return document
+
+
+def _miss_detail(record: Manifest) -> str:
+    """Why a start missed the compile cache, when its log said."""
+    if record.get("compileCacheReason") == "loadFailed":
+        return " (loadFailed: the kept cache was there but failed to load)"
+    return ""

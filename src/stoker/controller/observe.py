@@ -1,0 +1,129 @@
+"""Observe: one VLLMService and what it owns, read from the watch caches into a `decide.Snapshot`.
+
+The only API reads left in a pass are the ones no watch serves, and each only when it matters: the Events
+of a claim still Pending or of a seed Job without pods (once they had time to get going), and a child in
+the way that stoker does not label (met as a 409 on create, then read here on every pass until it goes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+from stoker.api import KIND, VLLMService
+from stoker.controller.cache import ObjectCache, labels_match
+from stoker.controller.conditions import now_rfc3339
+from stoker.controller.decide import Snapshot, job_outcome
+from stoker.controller.diagnose import worth_a_closer_look
+from stoker.controller.kube import Kube, Manifest
+from stoker.controller.ownership import created_by_deployment
+from stoker.render import (
+    COMPONENT_LABEL,
+    COMPONENT_SEED,
+    deployment_name,
+    render_children,
+    seed_job_name,
+    short_cache_key,
+)
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+UNLABELLED_MEMORY = 4096  # children met in the way at most; forgetting one only costs a 409
+
+
+class Observer:
+    def __init__(self, kube: Kube, cache: ObjectCache, field_manager: str) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.field_manager = field_manager
+        # (kind, namespace, name) of objects in a child's way that carry no stoker label: no watch sees
+        # them, so they are read again on each pass until they are gone.
+        self._unlabelled: set[tuple[str, str, str]] = set()
+        self._guard = threading.Lock()
+
+    def service(self, namespace: str, name: str) -> Manifest | None:
+        return self.cache.get(KIND, namespace, name)
+
+    def met_in_the_way(self, obj: Manifest) -> None:
+        """An object a create ran into (409): read on every pass from now on, as no watch has it."""
+        meta = obj["metadata"]
+        with self._guard:
+            if len(self._unlabelled) >= UNLABELLED_MEMORY:
+                self._unlabelled.clear()
+            self._unlabelled.add((obj["kind"], meta["namespace"], meta["name"]))
+
+    def snapshot(
+        self, body: Manifest, svc: VLLMService, control_token: str | None, signing_key: str | None
+    ) -> Snapshot:
+        namespace, name = str(svc.namespace), svc.name
+        children: dict[tuple[str, str], Manifest | None] = {}
+        for child in render_children(svc, control_token=control_token):
+            kind, child_name = child["kind"], child["metadata"]["name"]
+            if kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
+                children[(kind, child_name)] = self._child(child["apiVersion"], kind, namespace, child_name)
+        seed_jobs = self.cache.of_instance(
+            "Job", namespace, name, labels_match({COMPONENT_LABEL: COMPONENT_SEED})
+        )
+        seed_name = seed_job_name(name, short_cache_key(svc))
+        if ("Job", seed_name) in children:  # the current seed Job, also when it is not labelled as ours
+            children.pop(("Job", seed_name))
+            unlabelled = self._child("batch/v1", "Job", namespace, seed_name)
+            if unlabelled is not None and all(j["metadata"]["name"] != seed_name for j in seed_jobs):
+                seed_jobs.append(unlabelled)
+        pods = self.cache.of_instance(
+            "Pod", namespace, name, lambda pod: created_by_deployment(pod, deployment_name(name))
+        )
+        seed_job = next((j for j in seed_jobs if j["metadata"]["name"] == seed_name), None)
+        seed_pods = (
+            self.cache.of_instance("Pod", namespace, name, labels_match({JOB_NAME_LABEL: seed_name}))
+            if seed_job is not None and job_outcome(seed_job) == "running"
+            else []
+        )
+        now = dt.datetime.now(dt.UTC)
+        claim_events = {
+            claim["metadata"]["uid"]: self.kube.events_about(
+                namespace, f"involvedObject.uid={claim['metadata']['uid']}"
+            )
+            for (kind, _), claim in children.items()
+            if kind == "PersistentVolumeClaim"
+            and claim is not None
+            and (claim.get("status") or {}).get("phase") == "Pending"
+            and worth_a_closer_look(claim, now)
+        }
+        job_events: list[Manifest] = []
+        if (
+            seed_job is not None
+            and job_outcome(seed_job) == "running"
+            and not (seed_job.get("status") or {}).get("active")
+            and worth_a_closer_look(seed_job, now)
+        ):
+            job_events = self.kube.events_about(
+                namespace, f"involvedObject.uid={seed_job['metadata']['uid']}"
+            )
+        return Snapshot(
+            body=body,
+            svc=svc,
+            children=children,
+            seed_jobs=seed_jobs,
+            pods=pods,
+            seed_pods=seed_pods,
+            claim_events=claim_events,
+            job_events=job_events,
+            control_token=control_token,
+            signing_key=signing_key,
+            field_manager=self.field_manager,
+            now=now_rfc3339(),
+        )
+
+    def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
+        cached = self.cache.get(kind, namespace, name)
+        if cached is not None:
+            return cached
+        with self._guard:
+            unlabelled = (kind, namespace, name) in self._unlabelled
+        if not unlabelled:
+            return None
+        live = self.kube.get(api_version, kind, namespace, name)
+        if live is None:
+            with self._guard:
+                self._unlabelled.discard((kind, namespace, name))
+        return live

@@ -1,0 +1,202 @@
+"""decide: from a snapshot of a VLLMService and its children to the writes, conditions and Events. Pure:
+the live objects here are the rendered ones as the API server would return them (uids, defaults)."""
+
+from __future__ import annotations
+
+import copy
+
+import kopf
+
+from stoker.api import VLLMService
+from stoker.controller.decide import (
+    Outcome,
+    Snapshot,
+    blocked_status,
+    decide_children,
+    decide_status,
+)
+from stoker.controller.ownership import cache_claim_signature, seeded_signature
+from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
+
+KEY = "operator-signing-key-0123456789"
+NOW = "2026-11-26T10:00:00Z"
+
+
+def body(**status: object) -> dict:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "llm", "namespace": "t1", "uid": "svc-uid", "generation": 1},
+        "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "runtime": {"replicas": 1}},
+        "status": dict(status),
+    }
+
+
+def as_live(child: dict, owner: dict, uid: str) -> dict:
+    """A rendered child as the API server returns it: owned, with a uid and a defaulted field."""
+    live = copy.deepcopy(child)
+    kopf.append_owner_reference(live, owner=kopf.Body(owner))
+    live["metadata"]["uid"] = uid
+    live["metadata"]["managedFields"] = [{"manager": "stoker", "operation": "Apply", "fieldsV1": {}}]
+    live.setdefault("status", {})
+    if child["kind"] == "Deployment":
+        live["spec"]["revisionHistoryLimit"] = 10
+    return live
+
+
+def snapshot(obj: dict, children: dict | None = None, seed_jobs: list | None = None) -> Snapshot:
+    svc = VLLMService.model_validate(obj)
+    rendered = {(c["kind"], c["metadata"]["name"]): None for c in render_children(svc)}
+    rendered.pop(("Job", seed_job_name("llm", short_cache_key(svc))), None)
+    rendered.update(children or {})
+    return Snapshot(
+        body=obj,
+        svc=svc,
+        children=rendered,
+        seed_jobs=seed_jobs or [],
+        pods=[],
+        seed_pods=[],
+        claim_events={},
+        job_events=[],
+        control_token=None,
+        signing_key=KEY,
+        field_manager="stoker",
+        now=NOW,
+    )
+
+
+def converged(obj: dict) -> dict:
+    """Every child as rendered and applied, the claim signed and released."""
+    svc = VLLMService.model_validate(obj)
+    children = {}
+    for child in render_children(svc):
+        if child["kind"] == "Job":
+            continue
+        live = as_live(child, obj, f"{child['kind']}-uid")
+        if child["kind"] == "PersistentVolumeClaim":
+            live["metadata"].pop("ownerReferences")
+            live["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] = cache_claim_signature(
+                KEY, live
+            )
+        children[(child["kind"], child["metadata"]["name"])] = live
+    return children
+
+
+def test_a_new_service_creates_every_child_with_an_owner_reference():
+    plan = decide_children(snapshot(body()))
+    kinds = [write.desired["kind"] for write in plan.writes]
+    assert kinds == ["PersistentVolumeClaim", "Job", "Deployment", "Service"]
+    assert all(write.current is None for write in plan.writes)
+    assert all(w.desired["metadata"]["ownerReferences"][0]["uid"] == "svc-uid" for w in plan.writes)
+    assert plan.gate_closed and plan.recheck_after == 0.0  # the new claim is signed at once
+    deployment = next(w.desired for w in plan.writes if w.desired["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 0
+
+
+def test_an_unchanged_service_writes_nothing():
+    obj = body(cache={"seededKey": None})
+    plan = decide_children(snapshot(obj, converged(obj)))
+    # Only the seed Job is left to create (nothing seeded yet); nothing is applied again.
+    assert [w.desired["kind"] for w in plan.writes] == ["Job"]
+
+
+def test_a_created_claim_is_signed_and_let_go_under_retain():
+    obj = body()
+    children = converged(obj)
+    claim_id = next(k for k in children if k[0] == "PersistentVolumeClaim")
+    claim = children[claim_id]
+    kopf.append_owner_reference(claim, owner=kopf.Body(obj))
+    del claim["metadata"]["annotations"]["stoker.dev/compile-cache-signature"]
+    plan = decide_children(snapshot(obj, children))
+    write = next(w for w in plan.writes if w.desired["kind"] == "PersistentVolumeClaim")
+    assert write.release_owner
+    assert write.desired["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] == (
+        cache_claim_signature(KEY, claim)
+    )
+    assert "ownerReferences" not in write.desired["metadata"]
+
+
+def test_a_planted_cache_claim_with_copied_annotations_is_a_conflict():
+    obj = body()
+    children = converged(obj)
+    claim_id = next(k for k in children if k[0] == "PersistentVolumeClaim")
+    planted = children[claim_id]
+    svc = VLLMService.model_validate(obj)
+    planted["metadata"]["uid"] = "planted-uid"  # the signature was made for another claim's uid
+    planted["metadata"]["annotations"]["stoker.dev/seeded-key"] = cache_key(svc)
+    plan = decide_children(snapshot(obj, children))
+    assert plan.blocked is not None and "PersistentVolumeClaim t1/llm-cache" in plan.blocked
+    assert plan.writes == [] and plan.deletions == []
+    assert plan.cache.get("seededKey") is None
+
+
+def test_a_proven_seed_on_a_kept_claim_skips_the_seed_job():
+    obj = body()
+    svc = VLLMService.model_validate(obj)
+    children = converged(obj)
+    claim = children[next(k for k in children if k[0] == "PersistentVolumeClaim")]
+    annotations = claim["metadata"]["annotations"]
+    annotations["stoker.dev/seeded-key"] = cache_key(svc)
+    annotations["stoker.dev/seeded-signature"] = seeded_signature(KEY, claim, cache_key(svc), None)
+    plan = decide_children(snapshot(obj, children))
+    assert plan.seeded and not plan.gate_closed
+    assert plan.cache["seededKey"] == cache_key(svc) and plan.cache["claimUid"] == claim["metadata"]["uid"]
+    assert [e.reason for e in plan.events] == ["CacheReused"]
+    assert all(w.desired["kind"] != "Job" for w in plan.writes)
+
+
+def test_a_claim_recreated_under_a_seeded_service_is_seeded_again():
+    obj = body()
+    svc = VLLMService.model_validate(obj)
+    obj["status"]["cache"] = {"seededKey": cache_key(svc), "claimUid": "the-old-claim"}
+    children = converged(obj)
+    old_seed = as_live(next(c for c in render_children(svc) if c["kind"] == "Job"), obj, "old-seed-uid")
+    old_seed["metadata"]["annotations"]["stoker.dev/seed-claim-uid"] = "the-old-claim"
+    old_seed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    plan = decide_children(snapshot(obj, children, [old_seed]))
+    assert "seededKey" not in plan.cache and not plan.seeded and plan.gate_closed
+    assert [e.reason for e in plan.events] == ["CacheClaimReplaced"]
+    assert plan.deletions == [old_seed]  # the Job that filled the old claim goes; its successor follows
+    assert plan.recheck_after is not None
+    assert all(w.desired["kind"] != "Job" for w in plan.writes)
+
+
+def test_while_a_reseed_runs_the_old_replicas_keep_the_service_ready_and_available():
+    obj = body()
+    children = converged(obj)
+    deployment_id = next(k for k in children if k[0] == "Deployment")
+    deployment = children[deployment_id]
+    deployment["metadata"]["generation"] = 3
+    deployment["status"] = {
+        "observedGeneration": 3,
+        "replicas": 1,
+        "readyReplicas": 1,
+        "updatedReplicas": 1,
+    }
+    snap = snapshot(obj, children)
+    plan = decide_children(snap)
+    assert plan.gate_closed
+    assert all(w.desired["kind"] != "Deployment" for w in plan.writes)  # what serves stays as it is
+    status = decide_status(snap, plan, Outcome(children, []), None).status
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Available"]["status"] == "True"
+    assert conditions["Progressing"]["status"] == "True"
+    assert conditions["Progressing"]["reason"] == "WaitingForSeed"
+
+
+def test_a_refused_startup_record_is_a_condition_of_its_service():
+    obj = body(startup={"recording": {"refused": "phase weights 36000 s is out of range"}})
+    snap = snapshot(obj, converged(obj))
+    plan = decide_children(snap)
+    status = decide_status(snap, plan, Outcome(snap.children, []), None).status
+    recorded = next(c for c in status["conditions"] if c["type"] == "StartupRecorded")
+    assert recorded["status"] == "False" and "out of range" in recorded["message"]
+
+
+def test_a_block_posts_its_event_once():
+    obj = body()
+    first = blocked_status(obj, "ChildConflict", "Deployment t1/llm exists", NOW)
+    assert [e.reason for e in first.events] == ["ChildConflict"]
+    again = blocked_status(body(**first.status), "ChildConflict", "Deployment t1/llm exists", NOW)
+    assert again.events == [] and again.status == first.status
