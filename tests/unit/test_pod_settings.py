@@ -58,6 +58,7 @@ def test_settings_reach_seed_and_serving_pods_alike(role: str) -> None:
     template = pod_templates(service(POD))[role]
     spec = template["spec"]
     assert spec["serviceAccountName"] == "vllm-s3-reader"
+    assert "automountServiceAccountToken" not in spec  # the named one's own setting applies
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     assert spec["affinity"] == POD["affinity"]
     assert spec["priorityClassName"] == "inference"
@@ -89,6 +90,8 @@ def test_no_settings_render_nothing_extra() -> None:
         for field in ("serviceAccountName", "imagePullSecrets", "affinity", "priorityClassName"):
             assert field not in template["spec"]
         assert "team" not in template["metadata"]["labels"]
+        # No token of the namespace's default ServiceAccount in the author's image.
+        assert template["spec"]["automountServiceAccountToken"] is False
 
 
 def test_pod_settings_are_not_in_the_cache_key() -> None:

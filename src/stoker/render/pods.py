@@ -238,6 +238,10 @@ def _apply_pod_settings(svc: VLLMService, role: Role, spec: Json) -> None:
     pod = svc.spec.pod
     if pod.service_account_name:
         spec["serviceAccountName"] = pod.service_account_name
+    else:
+        # The namespace's default ServiceAccount is nobody's choice here: its token (and whatever an admin
+        # bound to it) stays out of the author's image. A named one passed admission as the author's.
+        spec["automountServiceAccountToken"] = False
     if pod.image_pull_secrets:
         spec["imagePullSecrets"] = [ref.model_dump(by_alias=True) for ref in pod.image_pull_secrets]
     if pod.affinity is not None:
