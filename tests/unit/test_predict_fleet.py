@@ -1,20 +1,19 @@
 """What the operator decides about predictions, without a cluster: hardware class, expected status,
-SlowStart, and the coefficients ConfigMap's entries."""
+SlowStart, and the coefficients ConfigMap's entries (what one namespace's starts can do to another's
+predictions: test_predict_tenants.py)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from stoker.predict import EngineSettings, HardwareClass, ModelFacts, Observation, PhaseFit, predict
 from stoker.predict.fleet import (
-    coefficients_key,
     expected_status,
-    observations_key,
+    namespace_coefficients,
     on_node,
-    read_fleet,
+    read_class,
     slow_start,
+    starts_key,
     with_observation,
 )
 from stoker.predict.model import CoefficientSet
@@ -99,56 +98,82 @@ def test_slow_start_names_the_phase_that_overran_most() -> None:
     )
 
 
-def test_an_observation_is_kept_once_and_refits_toward_it() -> None:
-    changes, garbled = with_observation({}, H100, start("ns/pod-a#0", 40.0), PRIOR, limit=200)
-    assert garbled == []
-    assert set(changes) == {observations_key(H100), coefficients_key(H100)}
-    fleet = read_fleet(changes, H100)
-    assert [o.label for o in fleet.observations] == ["ns/pod-a#0"]
-    assert fleet.coefficients is not None and fleet.coefficients.source == "fleet"
-    assert fleet.coefficients.hardware == H100.key
+def recorded(data: dict[str, str], namespace: str, *starts: Observation, limit: int = 10) -> dict[str, str]:
+    """`data` after `namespace` observed `starts`, each one written as the store writes it."""
+    data = dict(data)
+    for observation in starts:
+        write = with_observation(data, H100, namespace, observation, PRIOR, limit, now=1000.0)
+        assert write.refused is None, write.refused
+        for key, text in write.changes.items():
+            if text is None:
+                data.pop(key, None)
+            else:
+                data[key] = text
+    return data
+
+
+def test_a_start_is_kept_once_under_its_namespace_and_refits_its_predictions() -> None:
+    write = with_observation({}, H100, "ns", start("ns/pod-a#0", 40.0), PRIOR, limit=10, now=1000.0)
+    assert (write.garbled, write.refused) == ([], None)
+    assert (
+        list(write.changes) == [starts_key(H100, "ns")] == ["NVIDIA-H100-80GB-HBM3_x1_v0.26.ns.starts.json"]
+    )
+    data = recorded({}, "ns", start("ns/pod-a#0", 40.0))
+    assert [o.label for o in read_class(data, H100).by_namespace["ns"].observations] == ["ns/pod-a#0"]
+    coefficients = namespace_coefficients(data, H100, "ns", PRIOR)
+    assert coefficients is not None and coefficients.source == "fleet" and coefficients.hardware == H100.key
     before = predict(FACTS, SERVING, PRIOR).phases["weightLoad"]
-    after = predict(FACTS, SERVING, fleet.coefficients).phases["weightLoad"]
+    after = predict(FACTS, SERVING, coefficients).phases["weightLoad"]
     assert before < after < 40.0  # one start moves the prior part of the way
     # The same start again (a reconcile after a failed status write) changes nothing.
-    assert with_observation(changes, H100, start("ns/pod-a#0", 40.0), PRIOR, limit=200) == ({}, [])
+    assert with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), PRIOR, 10, now=2000.0).changes == {}
 
 
-def test_the_newest_observations_are_kept() -> None:
-    data: dict[str, str] = {}
-    for index in range(5):
-        changes, _ = with_observation(data, H100, start(f"ns/pod-{index}#0", 30.0), PRIOR, limit=3)
-        data.update(changes)
-    assert [o.label for o in read_fleet(data, H100).observations] == [
-        "ns/pod-2#0",
-        "ns/pod-3#0",
-        "ns/pod-4#0",
-    ]
+def test_the_newest_starts_of_a_namespace_are_kept() -> None:
+    starts = [start(f"ns/pod-{index}#0", 30.0) for index in range(5)]
+    data = recorded({}, "ns", *starts, limit=3)
+    kept = read_class(data, H100).by_namespace["ns"].observations
+    assert [o.label for o in kept] == ["ns/pod-2#0", "ns/pod-3#0", "ns/pod-4#0"]
 
 
-def test_a_garbled_key_is_reported_and_replaced_and_the_others_are_left_alone() -> None:
-    other = HardwareClass(gpu_product="NVIDIA-A100-SXM4-80GB", gpu_count=1, engine_version="0.26")
+def test_a_garbled_entry_is_reported_and_replaced_and_the_others_are_left_alone() -> None:
     data = {
-        observations_key(H100): "[{not json",
-        coefficients_key(H100): json.dumps({"hardware": H100.key}),
-        observations_key(other): "kept as it is",
+        starts_key(H100, "ns"): "[{not json",
+        starts_key(H100, "other"): "garbled too, not ns's business",
+        "someone-elses.json": "kept as it is",
     }
-    assert read_fleet(data, H100).garbled == [observations_key(H100), coefficients_key(H100)]
-    changes, garbled = with_observation(data, H100, start("ns/pod-a#0", 40.0), PRIOR, limit=200)
-    assert garbled == [observations_key(H100), coefficients_key(H100)]
-    assert observations_key(other) not in changes
-    repaired = read_fleet({**data, **changes}, H100)
-    assert repaired.garbled == [] and [o.label for o in repaired.observations] == ["ns/pod-a#0"]
-    # A start seen again with its class's coefficients garbled since: they are refitted, it is not re-added.
-    again = {**data, **changes, coefficients_key(H100): "garbled"}
-    changes, garbled = with_observation(again, H100, start("ns/pod-a#0", 40.0), PRIOR, limit=200)
-    assert garbled == [coefficients_key(H100)]
-    assert read_fleet({**again, **changes}, H100).coefficients is not None
-    assert [o.label for o in read_fleet({**again, **changes}, H100).observations] == ["ns/pod-a#0"]
+    assert read_class(data, H100).garbled == {
+        "ns": starts_key(H100, "ns"),
+        "other": starts_key(H100, "other"),
+    }
+    write = with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), PRIOR, limit=10, now=1000.0)
+    assert write.garbled == [starts_key(H100, "ns")]
+    assert set(write.changes) == {starts_key(H100, "ns")}
+    repaired = read_class(recorded(data, "ns", start("ns/pod-a#0", 40.0)), H100)
+    assert repaired.garbled == {"other": starts_key(H100, "other")}
+    assert [o.label for o in repaired.by_namespace["ns"].observations] == ["ns/pod-a#0"]
+    # Predictions go on without the garbled entries.
+    assert namespace_coefficients(data, H100, "ns", PRIOR) == PRIOR
 
 
-def test_without_a_prior_the_fleet_fits_its_own_observations() -> None:
-    changes, _ = with_observation({}, H100, start("ns/pod-a#0", 40.0), None, limit=200)
-    coefficients = read_fleet(changes, H100).coefficients
+def test_the_shared_keys_of_earlier_versions_are_dropped_at_the_next_write() -> None:
+    data = {
+        "NVIDIA-H100-80GB-HBM3_x1_v0.26.observations.json": "[]",
+        "NVIDIA-H100-80GB-HBM3_x1_v0.26.coefficients.json": "{}",
+        "someone-elses.json": "kept as it is",
+    }
+    write = with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), PRIOR, limit=10, now=1000.0)
+    assert write.changes["NVIDIA-H100-80GB-HBM3_x1_v0.26.observations.json"] is None
+    assert write.changes["NVIDIA-H100-80GB-HBM3_x1_v0.26.coefficients.json"] is None
+    assert "someone-elses.json" not in write.changes
+
+
+def test_without_a_prior_a_namespace_fits_its_own_starts_and_others_get_none() -> None:
+    data: dict[str, str] = {}
+    write = with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), None, limit=10, now=1000.0)
+    data.update({key: text for key, text in write.changes.items() if text is not None})
+    coefficients = namespace_coefficients(data, H100, "ns", None)
     assert coefficients is not None
     assert predict(FACTS, SERVING, coefficients).phases["weightLoad"] == pytest.approx(40.0, abs=0.01)
+    # Another namespace's starts alone are no prediction for a namespace: they would be all of it.
+    assert namespace_coefficients(data, H100, "elsewhere", None) is None

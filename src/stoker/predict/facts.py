@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from stoker.predict.model import ModelFacts
 
 FACTS_LOG_PREFIX = "stoker-model-facts: "
+# A facts line is a few hundred characters; anything much longer is not one to parse.
+MAX_FACTS_LINE_LENGTH = 4096
 
 
 def read_model_facts(model_dir: str) -> dict:
@@ -127,17 +129,33 @@ def with_logged_weights(
 def parse_facts_line(line: str) -> ModelFacts | None:
     """The facts a log line carries (behind any timestamp prefix), or None for any other line.
 
-    Raises ValueError (pydantic's ValidationError is one) when the line carries the prefix but its facts
-    are not valid JSON or not a model's facts, so that a garbled line is reported, not taken for absent.
+    Raises ValueError when the line carries the prefix but its facts are not valid JSON, not a model's
+    facts or out of their physical ranges (stoker.predict.model), or the line is longer than any facts
+    line, so that a garbled or forged line is reported, not taken for absent. The message quotes at most
+    a short excerpt of what the pod printed.
     """
     # Imported here: the module stays importable, and `read_model_facts` embeddable, without pydantic.
+    from pydantic import ValidationError
+
     from stoker.predict.model import ModelFacts
 
     _, prefix, document = line.partition(FACTS_LOG_PREFIX)
     if not prefix:
         return None
+    if len(document) > MAX_FACTS_LINE_LENGTH:
+        raise ValueError(
+            f"model facts line of {len(document)} characters, longer than {MAX_FACTS_LINE_LENGTH}:"
+            f" {document[:80]!r}..."
+        )
     try:
         facts = json.loads(document)
     except ValueError as error:
         raise ValueError(f"garbled model facts line ({error}): {line.strip()[:200]!r}") from None
-    return ModelFacts.model_validate(facts)
+    try:
+        return ModelFacts.model_validate(facts)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'facts'}: {problem['msg']}"
+            for problem in error.errors(include_input=False, include_url=False)[:5]
+        )
+        raise ValueError(f"model facts out of range or malformed: {problems}"[:1000]) from None

@@ -1,21 +1,41 @@
 """What the operator does with predictions, as pure functions: the hardware class of a start, the
-`status.startup.expected` document, the SlowStart decision, and the fleet's observations and refitted
-coefficients as they are kept in the coefficients ConfigMap's data (two keys per hardware class).
+`status.startup.expected` document, the SlowStart decision, and the fleet's observed starts as they are
+kept in the coefficients ConfigMap's data (one key per namespace and hardware class) with the
+coefficients each namespace's predictions come from.
+
+Tenants' pods print the logs the starts are parsed from, so every start is untrusted. What one namespace
+observes bounds what it can do to another's predictions (docs/prediction.md):
+- a namespace's coefficients are the shipped set refitted (robustly) with its own starts only;
+- the other namespaces only scale them, by the median over namespaces (one vote each) of how much
+  slower or faster than predicted their starts ran, clipped so that all of them together move a
+  prediction by at most FLEET_INFLUENCE;
+- a start far outside what its namespace's coefficients predict is not kept (`implausible`);
+- every entry is bounded, and the ConfigMap as a whole: when full, the namespace holding the most bytes
+  gives up its least recently written entry, so one namespace filling it evicts itself first.
 
 The controller reads and writes the ConfigMap; everything it decides about its content is here.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import Mapping
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from stoker.predict.model import CoefficientSet, HardwareClass, Observation, Prediction
-from stoker.predict.predictor import fit
+from stoker.predict.model import (
+    CoefficientSet,
+    HardwareClass,
+    NamespaceStarts,
+    Observation,
+    Prediction,
+)
+from stoker.predict.predictor import fit, predict, scaled
 
 # A start is slow when it overruns its prediction by more than both of these.
 SLOW_START_FRACTION = 0.25
@@ -24,8 +44,22 @@ SLOW_START_SECONDS = 10.0
 CPU_PRODUCT = "cpu"
 UNKNOWN_PRODUCT = "unknown"
 
+# All other namespaces together move a namespace's predictions by at most this factor (up or down).
+FLEET_INFLUENCE = 1.10
+# A start with a phase (or a total) this many times longer or shorter than predicted, and further off
+# than IMPLAUSIBLE_SECONDS, is taken for a forged or broken log and not kept.
+IMPLAUSIBLE_FACTOR = 20.0
+IMPLAUSIBLE_SECONDS = 30.0
+# One namespace's starts of one class at most, and all of stoker's entries together: the API server
+# refuses a ConfigMap over 1 MiB, and the rest of it (metadata, anything else kept there) needs room.
+ENTRY_BYTES = 32 * 1024
+STORE_BYTES = 768 * 1024
+
 _CONFIGMAP_KEY_UNSAFE = re.compile(r"[^-._a-zA-Z0-9]+")
-_OBSERVATIONS = TypeAdapter(list[Observation])
+_STARTS_SUFFIX = ".starts.json"
+# Earlier stoker versions kept one list and one refit per class, shared by all namespaces: dropped at the
+# next write, since every namespace's starts counted in them without bound.
+_SHARED_SUFFIXES = (".observations.json", ".coefficients.json")
 
 
 def on_node(service_class: HardwareClass, node_product: str | None) -> HardwareClass:
@@ -90,61 +124,211 @@ def slow_start(
 # ------------------------------------------------------------------ the coefficients ConfigMap's data
 
 
-def observations_key(hardware: HardwareClass) -> str:
-    return f"{_CONFIGMAP_KEY_UNSAFE.sub('_', hardware.key)}.observations.json"
+def starts_key(hardware: HardwareClass, namespace: str) -> str:
+    """`<class>.<namespace>.starts.json`: a namespace is a DNS label, so the last dots separate."""
+    return f"{_class_prefix(hardware)}{_CONFIGMAP_KEY_UNSAFE.sub('_', namespace)}{_STARTS_SUFFIX}"
 
 
-def coefficients_key(hardware: HardwareClass) -> str:
-    return f"{_CONFIGMAP_KEY_UNSAFE.sub('_', hardware.key)}.coefficients.json"
+def _class_prefix(hardware: HardwareClass) -> str:
+    return f"{_CONFIGMAP_KEY_UNSAFE.sub('_', hardware.key)}."
 
 
 @dataclass
-class FleetRecord:
-    """One hardware class's entries: observed starts (oldest first, each labelled with its start), the
-    refitted coefficients, and the keys that did not parse (each is replaced at the next write; the other
-    keys are left as they are)."""
+class ClassStarts:
+    """One hardware class's entries: each namespace's starts, and the keys that did not parse (each is
+    replaced at its namespace's next write, or evicted first when the ConfigMap is full)."""
 
-    observations: list[Observation] = field(default_factory=list)
-    coefficients: CoefficientSet | None = None
+    by_namespace: dict[str, NamespaceStarts] = field(default_factory=dict)
+    garbled: dict[str, str] = field(default_factory=dict)  # namespace -> key
+
+
+def read_class(data: Mapping[str, str], hardware: HardwareClass) -> ClassStarts:
+    found = ClassStarts()
+    prefix = _class_prefix(hardware)
+    for key, text in data.items():
+        if not key.startswith(prefix) or not key.endswith(_STARTS_SUFFIX):
+            continue
+        namespace = key[len(prefix) : -len(_STARTS_SUFFIX)]
+        if "." in namespace:  # another class whose key extends this one's
+            continue
+        try:
+            found.by_namespace[namespace] = NamespaceStarts.model_validate_json(text)
+        except ValidationError:
+            found.garbled[namespace] = key
+    return found
+
+
+def own_coefficients(
+    own: NamespaceStarts | None, hardware: HardwareClass, prior: CoefficientSet | None
+) -> CoefficientSet | None:
+    """`prior` refitted with a namespace's `own` starts (robustly: one odd start pulls it a bounded
+    amount), `prior` without any, None without either. Nothing another namespace wrote is in it."""
+    if own is None or not own.observations:
+        return prior
+    return fit(own.observations, prior, hardware=hardware.key, source="fleet", robust=True)
+
+
+def fleet_correction(base: CoefficientSet, others: Iterable[NamespaceStarts]) -> float:
+    """How much slower (> 1) or faster than `base` predicts the other namespaces' starts ran: per
+    namespace the median ratio of its starts, then the median over namespaces (so one namespace is one
+    vote however many starts it has), clipped to [1/sqrt(FLEET_INFLUENCE), sqrt(FLEET_INFLUENCE)]: any
+    change of theirs moves a prediction by at most FLEET_INFLUENCE."""
+    votes = []
+    for entry in others:
+        ratios = [ratio for start in entry.observations if (ratio := _ratio(start, base)) is not None]
+        if ratios:
+            votes.append(statistics.median(ratios))
+    if not votes:
+        return 1.0
+    bound = math.sqrt(FLEET_INFLUENCE)
+    return min(max(statistics.median(votes), 1.0 / bound), bound)
+
+
+def _ratio(start: Observation, base: CoefficientSet) -> float | None:
+    """Observed over predicted seconds of the phases both have, None when too little is predicted."""
+    try:
+        expected = predict(start.facts, start.settings, base).phases
+    except ValueError:
+        return None
+    shared = set(expected) & set(start.phases)
+    predicted = sum(expected[phase] for phase in shared)
+    if predicted < 1.0:
+        return None
+    return sum(start.phases[phase] for phase in shared) / predicted
+
+
+def namespace_coefficients(
+    data: Mapping[str, str], hardware: HardwareClass, namespace: str, prior: CoefficientSet | None
+) -> CoefficientSet | None:
+    """The coefficients `namespace`'s starts on `hardware` are predicted with: its own (`own_coefficients`)
+    scaled by the other namespaces' `fleet_correction`."""
+    starts = read_class(data, hardware)
+    base = own_coefficients(starts.by_namespace.get(namespace), hardware, prior)
+    if base is None:
+        return None
+    others = [entry for name, entry in sorted(starts.by_namespace.items()) if name != namespace]
+    correction = fleet_correction(base, others)
+    if correction == 1.0:
+        return base
+    return scaled(base, correction).model_copy(
+        update={
+            "source": "fleet",
+            "fitted_on": [*base.fitted_on, f"x{correction:.3f} by {len(others)} other namespaces' starts"],
+        }
+    )
+
+
+def implausible(start: Observation, base: CoefficientSet | None) -> str | None:
+    """Why `start` is too far from what `base` (its namespace's own coefficients) predicts to be kept,
+    or None. Without coefficients nothing is predicted, and only the physical ranges apply."""
+    if base is None:
+        return None
+    try:
+        expected = predict(start.facts, start.settings, base).phases
+    except ValueError:
+        return None
+    shared = sorted(set(expected) & set(start.phases))
+    checked = [(phase, start.phases[phase], expected[phase]) for phase in shared]
+    checked.append(("total", sum(start.phases[p] for p in shared), sum(expected[p] for p in shared)))
+    for phase, seen, predicted in checked:
+        off = seen > IMPLAUSIBLE_FACTOR * predicted or seen * IMPLAUSIBLE_FACTOR < predicted
+        if off and abs(seen - predicted) > IMPLAUSIBLE_SECONDS:
+            return (
+                f"{phase} took {seen:.1f} s where {predicted:.1f} s was expected, more than"
+                f" {IMPLAUSIBLE_FACTOR:g} times off: taken for a forged or broken log"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class FleetWrite:
+    """What to merge into the ConfigMap's data for one start (None deletes a key), the garbled key it
+    replaces, and why nothing is written when the start is refused."""
+
+    changes: dict[str, str | None] = field(default_factory=dict)
     garbled: list[str] = field(default_factory=list)
-
-
-def read_fleet(data: Mapping[str, str], hardware: HardwareClass) -> FleetRecord:
-    record = FleetRecord()
-    observations_text = data.get(observations_key(hardware))
-    if observations_text is not None:
-        try:
-            record.observations = _OBSERVATIONS.validate_json(observations_text)
-        except ValidationError:
-            record.garbled.append(observations_key(hardware))
-    coefficients_text = data.get(coefficients_key(hardware))
-    if coefficients_text is not None:
-        try:
-            record.coefficients = CoefficientSet.model_validate_json(coefficients_text)
-        except ValidationError:
-            record.garbled.append(coefficients_key(hardware))
-    return record
+    refused: str | None = None
 
 
 def with_observation(
     data: Mapping[str, str],
     hardware: HardwareClass,
-    observation: Observation,
+    namespace: str,
+    start: Observation,
     prior: CoefficientSet | None,
     limit: int,
-) -> tuple[dict[str, str], list[str]]:
-    """The ConfigMap entries to write after one more observed start (the newest `limit` kept, the
-    coefficients refitted from them toward `prior`), and the garbled keys they replace. A start already
-    recorded under its label (a reconcile that ran again after its status write failed) is not added again:
-    nothing to write unless a key needs replacing."""
-    record = read_fleet(data, hardware)
-    known = any(seen.label == observation.label for seen in record.observations)
-    if known and not record.garbled:
-        return {}, []
-    kept = (record.observations if known else [*record.observations, observation])[-limit:]
-    coefficients = fit(kept, prior, hardware=hardware.key, source="fleet")
-    changes = {
-        observations_key(hardware): _OBSERVATIONS.dump_json(kept, by_alias=True).decode(),
-        coefficients_key(hardware): coefficients.model_dump_json(by_alias=True),
-    }
-    return changes, record.garbled
+    now: float,
+) -> FleetWrite:
+    """The entries to write after `namespace` observed `start` on `hardware`: its newest `limit` starts
+    (and at most ENTRY_BYTES of them), the shared keys of earlier versions dropped, and other entries
+    evicted while stoker's entries exceed STORE_BYTES. A start already kept under its label (a reconcile
+    that ran again after its status write failed) is not added again. An implausible start is refused."""
+    key = starts_key(hardware, namespace)
+    garbled: list[str] = []
+    own = NamespaceStarts(updated_at=now, observations=[])
+    if key in data:
+        try:
+            own = NamespaceStarts.model_validate_json(data[key])
+        except ValidationError:
+            garbled.append(key)
+    if any(seen.label == start.label for seen in own.observations) and not garbled:
+        return FleetWrite()
+    why = implausible(start, own_coefficients(own, hardware, prior))
+    if why is not None:
+        return FleetWrite(garbled=garbled, refused=why)
+    kept = [seen for seen in own.observations if seen.label != start.label]
+    kept = [*kept, start][-limit:]
+    entry = _entry(kept, now)
+    while len(entry) > ENTRY_BYTES and len(kept) > 1:
+        kept = kept[1:]
+        entry = _entry(kept, now)
+    changes: dict[str, str | None] = {name: None for name in data if name.endswith(_SHARED_SUFFIXES)}
+    changes[key] = entry
+    for evicted in _evictions({**data, **changes}, key):
+        changes[evicted] = None
+    if _size({**data, **changes}) > STORE_BYTES:
+        return FleetWrite(garbled=garbled, refused="no room for it: the ConfigMap holds too much else")
+    return FleetWrite(changes=changes, garbled=garbled)
+
+
+def _entry(observations: list[Observation], now: float) -> str:
+    return NamespaceStarts(updated_at=now, observations=observations).model_dump_json(by_alias=True)
+
+
+def _size(data: Mapping[str, str | None]) -> int:
+    return sum(len(key) + len(text.encode()) for key, text in data.items() if text is not None)
+
+
+def _updated_at(entry: str) -> float:
+    """An entry's `updatedAt`, -1 for one that does not say (garbled: the first to go). Read without
+    validating the starts: every entry is read at each write to a full ConfigMap."""
+    try:
+        updated_at = json.loads(entry).get("updatedAt")
+    except (ValueError, AttributeError):
+        return -1.0
+    return float(updated_at) if isinstance(updated_at, int | float) else -1.0
+
+
+def _evictions(data: Mapping[str, str | None], keep: str) -> list[str]:
+    """The entries to drop, first to last, until stoker's entries fit STORE_BYTES: each time the least
+    recently written entry (a garbled one first) of the namespace holding the most bytes, never `keep`."""
+    total, evicted = _size(data), list[str]()
+    if total <= STORE_BYTES:
+        return evicted
+    entries: dict[str, tuple[str, float, int]] = {}  # key -> namespace, updated at, bytes
+    for key, text in data.items():
+        if text is None or not key.endswith(_STARTS_SUFFIX):
+            continue
+        namespace = key[: -len(_STARTS_SUFFIX)].rpartition(".")[2]
+        entries[key] = (namespace, _updated_at(text), len(key) + len(text.encode()))
+    while total > STORE_BYTES:
+        held: dict[str, int] = {}
+        for namespace, _, size in entries.values():
+            held[namespace] = held.get(namespace, 0) + size
+        candidates = [name for name in entries if name != keep]
+        if not candidates:
+            break
+        victim = max(candidates, key=lambda name: (held[entries[name][0]], -entries[name][1], name))
+        total -= entries.pop(victim)[2]
+        evicted.append(victim)
+    return evicted

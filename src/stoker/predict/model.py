@@ -7,12 +7,12 @@ the shipped coefficient files, the operator's ConfigMap and `stoker predict --js
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from stoker.phases import CompileCache
+from stoker.phases import ENGINE_PHASES, CompileCache
 
 CoefficientSource = Literal["shipped", "fleet"]
 # Where checkpointBytes came from when not from the weight files' sizes.
@@ -21,6 +21,31 @@ CheckpointBytesSource = Literal["indexMetadata", "seedLog"]
 # `<gpu product>_x<gpu count>_v<major.minor>`: the GPU product label never contains `_`.
 _HARDWARE_KEY = re.compile(r"^(?P<product>[^_\s]+)_x(?P<count>\d+)_v(?P<version>\d+\.\d+)$")
 _MAJOR_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+.]\S*)?$")
+
+# Physical ranges of what a seed's facts line and a start's log may claim (they are printed by the tenant's
+# pods, so untrusted): generous beyond every model and start seen, tight enough that nothing absurd reaches
+# status, the fleet's observations or a prediction. The largest checkpoints are a few TB, the deepest
+# models a few hundred layers, the widest vocabularies about a million tokens.
+MAX_CHECKPOINT_BYTES = 1 << 46  # 64 TiB
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20  # hidden and intermediate sizes
+MAX_HEADS = 4096
+MAX_VOCABULARY = 1 << 24
+MAX_TOKENIZER_BYTES = 1 << 30
+MAX_EXPERTS = 1 << 16
+# A start's phase, and all of them together: longer than any start a deployment would wait for.
+MAX_PHASE_SECONDS = 6 * 3600.0
+MAX_CAPTURE_SIZES = 1 << 12
+MAX_TENSOR_PARALLEL = 1 << 10
+# `bfloat16`, `float8_e4m3fn`, `torch.float16`, `auto`: a short identifier, nothing else.
+_DTYPE = r"^[A-Za-z][A-Za-z0-9_.]{0,31}$"
+# A start's label is `<namespace>/<pod>#<restarts>`.
+MAX_LABEL_LENGTH = 63 + 1 + 253 + 1 + 10
+# Starts kept per namespace and hardware class (the operator keeps fewer: `coefficients_observations`).
+MAX_NAMESPACE_STARTS = 50
+_SHORT_TEXT = 64
+
+PhaseSeconds = Annotated[float, Field(ge=0.0, le=MAX_PHASE_SECONDS, allow_inf_nan=False)]
 
 
 class _Document(BaseModel):
@@ -33,17 +58,17 @@ class _Document(BaseModel):
 class ModelFacts(_Document):
     """What `read_model_facts` reads from a model directory."""
 
-    checkpoint_bytes: int = Field(ge=0)
-    layers: int = Field(ge=0)
-    hidden_size: int = Field(ge=0)
-    intermediate_size: int = Field(ge=0)
-    attention_heads: int = Field(ge=0)
-    kv_heads: int = Field(ge=0)
-    vocab_size: int = Field(ge=0)
-    tokenizer_bytes: int = Field(ge=0)
+    checkpoint_bytes: int = Field(ge=0, le=MAX_CHECKPOINT_BYTES)
+    layers: int = Field(ge=0, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=0, le=MAX_WIDTH)
+    intermediate_size: int = Field(ge=0, le=MAX_WIDTH)
+    attention_heads: int = Field(ge=0, le=MAX_HEADS)
+    kv_heads: int = Field(ge=0, le=MAX_HEADS)
+    vocab_size: int = Field(ge=0, le=MAX_VOCABULARY)
+    tokenizer_bytes: int = Field(ge=0, le=MAX_TOKENIZER_BYTES)
     moe: bool
-    experts: int = Field(ge=0)
-    dtype: str | None = None
+    experts: int = Field(ge=0, le=MAX_EXPERTS)
+    dtype: str | None = Field(default=None, pattern=_DTYPE)
     checkpoint_bytes_source: CheckpointBytesSource | None = Field(
         default=None, exclude_if=lambda source: source is None
     )
@@ -52,10 +77,10 @@ class ModelFacts(_Document):
 class EngineSettings(_Document):
     """What a start's `vllm serve` invocation sets that moves its phases (`engine_settings` reads it)."""
 
-    loader: str = "auto"
+    loader: str = Field(default="auto", min_length=1, max_length=_SHORT_TEXT)
     compiled: bool = True
-    capture_sizes: int = Field(ge=0)
-    tensor_parallel: int = Field(default=1, ge=1)
+    capture_sizes: int = Field(ge=0, le=MAX_CAPTURE_SIZES)
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL)
     sleep_mode: bool = False
     # Expected (or, for an observed start, logged) compile-cache state: none when nothing is compiled.
     cache_state: CompileCache
@@ -78,16 +103,17 @@ class EngineSettings(_Document):
     # deferred`): the imports and the engine start skip ~1,600 collections of a growing heap.
     deferred_gc: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
-    engine_version: str | None = None
+    engine_version: str | None = Field(default=None, max_length=_SHORT_TEXT)
 
 
 class HardwareClass(_Document):
     """Where coefficients hold: the GPU product label (`cpu`, count 0, for CPU builds), GPUs per replica,
     engine major.minor."""
 
-    gpu_product: str = Field(min_length=1, pattern=r"^[^_\s]+$")
-    gpu_count: int = Field(ge=0)
-    engine_version: str
+    # A node label's value is at most 63 characters.
+    gpu_product: str = Field(min_length=1, max_length=63, pattern=r"^[^_\s]+$")
+    gpu_count: int = Field(ge=0, le=MAX_TENSOR_PARALLEL)
+    engine_version: str = Field(max_length=_SHORT_TEXT)
 
     @field_validator("engine_version")
     @classmethod
@@ -130,9 +156,19 @@ class Observation(_Document):
 
     facts: ModelFacts
     settings: EngineSettings
-    phases: dict[str, float]
+    phases: dict[str, PhaseSeconds]
     # Where it came from (a benchmark's shape/profile/repetition, a pod), for people reading the set.
-    label: str | None = None
+    label: str | None = Field(default=None, max_length=MAX_LABEL_LENGTH)
+
+    @model_validator(mode="after")
+    def _a_start(self) -> Observation:
+        unknown = sorted(set(self.phases) - set(ENGINE_PHASES))
+        if unknown:
+            raise ValueError(f"phases {unknown} are not engine phases ({', '.join(ENGINE_PHASES)})")
+        total = sum(self.phases.values())
+        if not 0.0 < total <= MAX_PHASE_SECONDS:
+            raise ValueError(f"the phases add up to {total:.1f} s, not within (0, {MAX_PHASE_SECONDS:.0f}] s")
+        return self
 
 
 class CoefficientSet(_Document):
@@ -156,3 +192,12 @@ class Prediction(_Document):
     source: CoefficientSource
     # Phases whose regime the set has no fit for, with the regime whose fit stood in.
     fallbacks: dict[str, str] = Field(default_factory=dict)
+
+
+class NamespaceStarts(_Document):
+    """One namespace's observed starts of one hardware class, as the coefficients ConfigMap keeps them:
+    the newest ones, oldest first, and when they were last written (unix seconds), which decides what
+    goes first when the ConfigMap is full."""
+
+    updated_at: float = Field(ge=0.0, allow_inf_nan=False)
+    observations: list[Observation] = Field(max_length=MAX_NAMESPACE_STARTS)

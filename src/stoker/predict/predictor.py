@@ -46,6 +46,13 @@ PRIOR_WEIGHT = 5.0
 # Just enough pull toward the prior (without one: the mean and zero weights) to settle what the starts
 # cannot tell apart, e.g. a feature that is the same in all of them.
 _IDENTIFIABILITY_WEIGHT = 1e-6
+# A robust fit (Huber's, by reweighted least squares) gives a start whose residual exceeds HUBER_K robust
+# scales the weight that caps its pull; the scale is the residuals' MAD, at least a fraction of the
+# phase's typical seconds (a handful of alike starts would otherwise make any other one an outlier).
+HUBER_K = 1.345
+_HUBER_ITERATIONS = 20
+_HUBER_SCALE_FLOOR = 0.05
+_HUBER_SCALE_FLOOR_SECONDS = 0.5
 _GB = 1e9
 _MB = 1e6
 
@@ -182,8 +189,11 @@ def fit(
     source: CoefficientSource = "fleet",
     fitted_on: Sequence[str] = (),
     prior_weight: float = PRIOR_WEIGHT,
+    robust: bool = False,
 ) -> CoefficientSet:
-    """Least squares per phase and regime, pulled toward `prior` as if it were `prior_weight` observations.
+    """Least squares per phase and regime, pulled toward `prior` as if it were `prior_weight` observations;
+    `robust`: Huber's loss instead, so that a start far off the others pulls only a bounded amount (for
+    starts parsed from tenants' logs; the shipped sets are plain least squares of the project's runs).
 
     Fits of the prior that no observation touches are kept as they are. `hardware` defaults to the prior's.
     A refit takes the shipped set as its prior and all observed starts, not its own previous result (which
@@ -203,12 +213,12 @@ def fit(
     }
     for (phase, regime), members in sorted(groups.items()):
         prior_fit = prior.phases.get(phase, {}).get(regime) if prior is not None else None
-        phases.setdefault(phase, {})[regime] = _fit_phase(phase, members, prior_fit, prior_weight)
+        phases.setdefault(phase, {})[regime] = _fit_phase(phase, members, prior_fit, prior_weight, robust)
     return CoefficientSet(hardware=hardware, source=source, phases=phases, fitted_on=list(fitted_on))
 
 
 def _fit_phase(
-    phase: str, observations: list[Observation], prior: PhaseFit | None, prior_weight: float
+    phase: str, observations: list[Observation], prior: PhaseFit | None, prior_weight: float, robust: bool
 ) -> PhaseFit:
     names = PHASE_MODELS[phase].features
     design = np.array(
@@ -231,14 +241,44 @@ def _fit_phase(
             np.sqrt(_IDENTIFIABILITY_WEIGHT) * np.diag(scale),
         ]
     )
-    solution, *_ = np.linalg.lstsq(
-        np.vstack([design, penalty]), np.concatenate([measured, penalty @ target]), rcond=None
-    )
+    weights = np.ones(len(observations))
+    scale_floor = max(_HUBER_SCALE_FLOOR * float(np.median(np.abs(measured))), _HUBER_SCALE_FLOOR_SECONDS)
+    for _ in range(_HUBER_ITERATIONS if robust else 1):
+        root = np.sqrt(weights)
+        solution, *_ = np.linalg.lstsq(
+            np.vstack([design * root[:, None], penalty]),
+            np.concatenate([measured * root, penalty @ target]),
+            rcond=None,
+        )
+        if not robust:
+            break
+        residuals = np.abs(measured - design @ solution)
+        scale = max(1.4826 * float(np.median(residuals)), scale_floor)
+        settled, weights = weights, np.minimum(1.0, HUBER_K * scale / np.maximum(residuals, 1e-12))
+        if np.allclose(weights, settled, atol=1e-4):
+            break
     return PhaseFit(
         intercept=_stored(solution[0]),
         weights={name: _stored(value) for name, value in zip(names, solution[1:], strict=True)},
         samples=len(observations) + (prior.samples if prior is not None else 0),
     )
+
+
+def scaled(coefficients: CoefficientSet, factor: float) -> CoefficientSet:
+    """`coefficients` predicting every phase `factor` times as long."""
+    phases = {
+        phase: {
+            regime: fit.model_copy(
+                update={
+                    "intercept": _stored(fit.intercept * factor),
+                    "weights": {name: _stored(weight * factor) for name, weight in fit.weights.items()},
+                }
+            )
+            for regime, fit in fits.items()
+        }
+        for phase, fits in coefficients.phases.items()
+    }
+    return coefficients.model_copy(update={"phases": phases})
 
 
 def _stored(value: float) -> float:
