@@ -194,6 +194,19 @@ def test_kubelet_timestamps_anchor_on_container_start(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_MARKERS))
+def test_ready_at_is_the_wall_time_of_the_server_line(name: str) -> None:
+    """What the pod's Ready condition is compared with (status.startup.*.readyGapSeconds)."""
+    server_line = next(line for line in read_lines(FIXTURES / name) if "Starting vLLM server on" in line)
+    logged_at = CONTAINER_START + timedelta(seconds=seconds_of(server_line))
+    kubelet_lines = [to_kubelet(line) for line in read_lines(FIXTURES / name)]
+    assert parse_log(kubelet_lines).ready_at == logged_at  # a kubelet clock needs no anchor
+    assert parse_log(read_lines(FIXTURES / name), process_start=CONTAINER_START).ready_at == logged_at
+    # Seconds since a start of unknown date tell no date; nor does a log that never got ready.
+    assert parse_log(read_lines(FIXTURES / name)).ready_at is None
+    assert parse_log(kubelet_lines[: kubelet_lines.index(to_kubelet(server_line))]).ready_at is None
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_MARKERS))
 def test_vllm_clock_alone_gives_whole_seconds(name: str) -> None:
     marker_times, cache = FIXTURE_MARKERS[name]
     lines = [RELATIVE_PREFIX.sub("", line) for line in read_lines(FIXTURES / name)]

@@ -941,7 +941,8 @@ class StartupRecord(_StatusModel):
         default=None, max_length=64, description="vLLM version the log announced, else the spec's."
     )
     phases: dict[str, float] = Field(
-        default_factory=dict, description="Seconds per phase (scheduling, imagePull, ..., apiReady)."
+        default_factory=dict,
+        description="Seconds per phase (scheduling, imagePull, ..., apiReady, podReady).",
     )
     cache_key: str | None = Field(default=None, description="Short compile-cache key of the pod.")
     pod_template_hash: str | None = Field(
@@ -951,6 +952,12 @@ class StartupRecord(_StatusModel):
     )
     failed: bool | None = Field(default=None, description="The start failed before serving.")
     reason: str | None = Field(default=None, description="Why it failed, from the log.")
+    ready_gap_seconds: float | None = Field(
+        default=None,
+        description="Seconds from the engine's `Starting vLLM server on` line (its log's timestamp) to the"
+        " pod's Ready condition: the readiness probes' delay, also the podReady phase. Serving pods only;"
+        " the condition's time has whole seconds.",
+    )
     finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
     gpu_product: str | None = Field(
         default=None,
@@ -974,6 +981,12 @@ class StartupSample(_StatusModel):
     )
     compile_cache: Literal["hit", "miss", "none"] | None = Field(
         default=None, description="hit, miss or none (no compile)."
+    )
+    ready_gap_seconds: float | None = Field(
+        default=None,
+        description="Seconds from the engine's `Starting vLLM server on` line (its log's timestamp) to the"
+        " pod's Ready condition: the readiness probes' delay, also the podReady phase. Serving pods only;"
+        " the condition's time has whole seconds.",
     )
 
 

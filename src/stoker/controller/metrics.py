@@ -33,6 +33,12 @@ STARTUP_TOTAL_SECONDS = Histogram(
     ["role"],
     buckets=STARTUP_BUCKETS,
 )
+STARTUP_READY_GAP_SECONDS = Histogram(
+    "stoker_startup_ready_gap_seconds",
+    "Seconds from a serving engine's `Starting vLLM server on` log line to its pod's Ready condition (the"
+    " readiness probes' delay; the condition has whole seconds).",
+    buckets=(0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 20, 60),
+)
 COMPILE_CACHE_RESULTS = Counter(
     "stoker_compile_cache_total", "Startups by compile-cache outcome (hit, miss, none).", ["result", "role"]
 )

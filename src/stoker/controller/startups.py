@@ -14,11 +14,12 @@ depends on changed (`follow`: the object first seen, a new generation, a newly s
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import logging
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
@@ -38,7 +39,7 @@ from stoker.controller.objects import (
     pod_is_ready,
     still_running,
 )
-from stoker.controller.ownership import created_by_deployment, owned_by, stokers
+from stoker.controller.ownership import created_by_deployment, owned_by
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
 from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
@@ -50,11 +51,8 @@ from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_se
 from stoker.predict.settings import logged_settings
 from stoker.render import (
     CACHE_KEY_LABEL,
-    MODEL_FACTS_ANNOTATION,
-    SEEDED_KEY_ANNOTATION,
     Role,
     cache_key,
-    cache_pvc_name,
     deployment_name,
     seed_job_name,
     seed_wanted,
@@ -65,6 +63,8 @@ from stoker.render import (
 log = logging.getLogger(__name__)
 
 LOG_RETRY_SECONDS = 10.0
+# The phase after apiReady: from the engine's ready line to the pod's Ready condition (the probes' delay).
+READY_GAP_PHASE = "podReady"
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
 
 
@@ -87,16 +87,24 @@ class ParsedStart:
 class StartupRecorder:
     """One worker: records of one object never race, and log reads never crowd out the reconcile's."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, recorded: Callable[[ObjectKey], None]) -> None:
+        """`recorded(key)` is told after each write: the reconcile reads the compile cache of the last
+        start and whether the seed's run is recorded from status.startup."""
         self.kube = kube
         self.settings = settings
+        self.recorded = recorded
         self.coefficients = CoefficientStore(
             kube,
             settings.operator_namespace,
             settings.coefficients_configmap,
             settings.coefficients_observations,
         )
-        self.queue = WorkQueue(self.record, workers=1)
+        self.queue = WorkQueue(
+            self.record,
+            workers=1,
+            retry_initial=settings.retry_initial_seconds,
+            retry_max=settings.retry_max_seconds,
+        )
         self._guard = threading.Lock()
         # (generation, seeded cache key) of each object as the reconcile last saw it.
         self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
@@ -150,12 +158,6 @@ class StartupRecorder:
             if created_by_deployment(pod, deployment_name(svc.name))
         ]
         startup, new_starts, unread = self._collect(body, pods, before, seed_job, svc)
-        if (
-            seeded
-            and startup.get("modelCacheKey") != short_key
-            and (startup.get("seed") or {}).get("cacheKey") != short_key
-        ):
-            self._take_reused_facts(svc, uid, startup, key_now, short_key)
         self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
         if startup.get("last") and not still_running(startup["last"], pods):
             # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
@@ -269,6 +271,10 @@ class StartupRecorder:
         self._log_retry_at.pop(attempt, None)
         # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
         phases = {**kube_phases, **timeline.phases}
+        ready_gap = ready_gap_seconds(timeline.ready_at, pod) if role == "serve" else None
+        if ready_gap is not None:
+            phases[READY_GAP_PHASE] = ready_gap
+            metrics.STARTUP_READY_GAP_SECONDS.observe(ready_gap)
         record: Manifest = {
             "pod": pod_name,
             "totalSeconds": round(timeline.total_seconds or 0.0, 2),
@@ -283,6 +289,8 @@ class StartupRecorder:
         }
         if timeline.failed:
             record.update(failed=True, reason=timeline.reason)
+        if ready_gap is not None:
+            record["readyGapSeconds"] = round(ready_gap, 2)
         for phase, seconds in phases.items():
             metrics.STARTUP_PHASE_SECONDS.labels(phase, role).observe(seconds)
         metrics.STARTUP_TOTAL_SECONDS.labels(role).observe(record["totalSeconds"])
@@ -321,30 +329,6 @@ class StartupRecorder:
         except ApiException as error:  # no right to read nodes: the class is "unknown", nothing else fails
             log.warning("Reading node failed node=%s status=%s", node, error.status)
             return None
-
-    def _take_reused_facts(
-        self, svc: VLLMService, uid: str, startup: Manifest, key: str, short_key: str
-    ) -> None:
-        """A cache kept from an earlier VLLMService of this name (no seed ran for this one) carries the
-        model facts its seed printed, on the claim: they become this object's."""
-        namespace, claim_name = str(svc.namespace), cache_pvc_name(svc.name)
-        claim = self.kube.get("v1", "PersistentVolumeClaim", namespace, claim_name)
-        if claim is None or not stokers("PersistentVolumeClaim", claim, uid, svc.name):
-            return
-        annotations = claim["metadata"].get("annotations") or {}
-        facts = annotations.get(MODEL_FACTS_ANNOTATION)
-        if annotations.get(SEEDED_KEY_ANNOTATION) != key or facts is None:
-            return
-        try:
-            model = ModelFacts.model_validate_json(facts)
-        except ValidationError as error:
-            log.warning(
-                "Ignoring the cache claim's model facts claim=%s/%s: %s", namespace, claim_name, error
-            )
-            return
-        startup["model"], startup["modelCacheKey"] = model.model_dump(mode="json", by_alias=True), short_key
-
-    # ------------------------------------------------------------------ startup prediction
 
     def _learn_and_expect(
         self,
@@ -471,15 +455,30 @@ class StartupRecorder:
         self.kube.patch_service_status(
             meta["namespace"], meta["name"], {"startup": merge_patch(written, wanted)}
         )
+        self.recorded((meta["namespace"], meta["name"]))
 
 
 def _startup_document(startup: Manifest) -> Manifest:
     return StartupStatus.model_validate(startup).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def ready_gap_seconds(ready_at: dt.datetime | None, pod: Manifest) -> float | None:
+    """Seconds from the engine's ready line to the pod's Ready condition: what the probes added. Both
+    come from the node's clock; the condition's whole seconds may put it up to 1 s early, so never < 0."""
+    conditions: list[Manifest] = (pod.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+    became_ready = parse_time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None
+    if ready_at is None or became_ready is None:
+        return None
+    return max(0.0, (became_ready - ready_at).total_seconds())
+
+
 def _sample_summary(record: Manifest) -> Manifest:
-    return {
+    summary = {
         "pod": record["pod"],
         "totalSeconds": record["totalSeconds"],
         "compileCache": record["compileCache"],
     }
+    if "readyGapSeconds" in record:
+        summary["readyGapSeconds"] = record["readyGapSeconds"]
+    return summary

@@ -173,7 +173,19 @@ class StartupLogParser:
             failed=failed,
             reason=run.exception if failed else None,
             ready=ready,
+            ready_at=self._wall_time_of(server_at),
         )
+
+    def _wall_time_of(self, moment: float | None) -> datetime | None:
+        """A time on the log's clock as a date: the recorder's clock counts from the process start, vLLM's
+        has no year of its own but the process start's."""
+        if moment is None or self._clock is None:
+            return None
+        if self._clock is _Clock.KUBELET:
+            return datetime.fromtimestamp(moment, UTC)
+        if self._anchor is None:
+            return None
+        return datetime.fromtimestamp(moment + (self._anchor if self._clock is _Clock.RELATIVE else 0.0), UTC)
 
     def _compile_cache(self) -> tuple[CompileCache, CompileCacheReason | None]:
         marks = self._run.marks

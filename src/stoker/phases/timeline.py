@@ -1,6 +1,7 @@
 """The typed result of parsing a startup log, and its one-line summary for Kubernetes Events."""
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 CompileCache = Literal["hit", "miss", "none"]
@@ -28,6 +29,9 @@ class StartupTimeline:
     failed: bool = False
     reason: str | None = None
     ready: bool = False
+    # When the engine logged that it serves (`Starting vLLM server on`), on the log's clock; None when the
+    # clock tells no date (the recorder's seconds since process start, without the start's date).
+    ready_at: datetime | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The `stoker phases --json` document: `failed` and `reason` appear only when startup failed,
