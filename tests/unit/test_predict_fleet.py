@@ -16,7 +16,7 @@ from stoker.predict.fleet import (
     starts_key,
     with_observation,
 )
-from stoker.predict.model import CoefficientSet
+from stoker.predict.model import MAX_NAMESPACE_STARTS, CoefficientSet
 
 H100 = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.26")
 FACTS = ModelFacts(
@@ -177,3 +177,10 @@ def test_without_a_prior_a_namespace_fits_its_own_starts_and_others_get_none() -
     assert predict(FACTS, SERVING, coefficients).phases["weightLoad"] == pytest.approx(40.0, abs=0.01)
     # Another namespace's starts alone are no prediction for a namespace: they would be all of it.
     assert namespace_coefficients(data, H100, "elsewhere", None) is None
+
+
+def test_a_limit_above_what_an_entry_holds_keeps_what_it_holds() -> None:
+    starts = [start(f"ns/pod-{index}#0", 30.0) for index in range(MAX_NAMESPACE_STARTS + 3)]
+    data = recorded({}, "ns", *starts, limit=1000)
+    kept = read_class(data, H100).by_namespace["ns"].observations
+    assert len(kept) == MAX_NAMESPACE_STARTS and kept[-1].label == starts[-1].label

@@ -55,11 +55,11 @@ class OperatorSettings(BaseSettings):
     coefficients_configmap: str = Field(
         "stoker-startup-coefficients",
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="ConfigMap in operator_namespace holding the fleet's startup observations and the"
-        " coefficients refitted from them, per hardware class; created if absent.",
+        description="ConfigMap in operator_namespace holding the fleet's observed starts, per namespace and"
+        " hardware class; created if absent.",
     )
     coefficients_observations: int = Field(
-        200, ge=1, le=1000, description="Observed starts kept per hardware class (the newest)."
+        10, ge=1, le=50, description="Observed starts kept per namespace and hardware class (the newest)."
     )
     leader_election: bool = Field(
         False, description="Reconcile only while holding the Lease, so that replicas can run side by side."

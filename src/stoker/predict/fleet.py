@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stoker.predict.model import (
+    MAX_NAMESPACE_STARTS,
     CoefficientSet,
     HardwareClass,
     NamespaceStarts,
@@ -277,7 +278,7 @@ def with_observation(
     if why is not None:
         return FleetWrite(garbled=garbled, refused=why)
     kept = [seen for seen in own.observations if seen.label != start.label]
-    kept = [*kept, start][-limit:]
+    kept = [*kept, start][-min(limit, MAX_NAMESPACE_STARTS) :]
     entry = _entry(kept, now)
     while len(entry) > ENTRY_BYTES and len(kept) > 1:
         kept = kept[1:]
