@@ -154,3 +154,58 @@ def test_invalid_names_are_rejected(name: str) -> None:
 def test_flags_stoker_does_not_own_pass(args: list[str]) -> None:
     svc = VLLMService.model_validate(manifest(runtime={"extraArgs": args}))
     assert svc.spec.runtime.extra_args == args
+
+
+def _s3(endpoint: str) -> dict[str, Any]:
+    return {"model": {"name": "m", "source": {"s3": {"uri": "s3://bucket/m", "endpoint": endpoint}}}}
+
+
+# Every string stoker passes on as one line (vLLM's arguments, AWS_ENDPOINT_URL, the image): no control
+# characters; free text (extraArgs, env values) only without NUL.
+ONE_LINE = {
+    "newline in model.name": {"model": {"name": "m\n--port=1"}},
+    "carriage return in model.name": {"model": {"name": "m\r"}},
+    "newline in revision": {"model": {"name": "m", "revision": "main\nx"}},
+    "tab in servedModelName": {"model": {"name": "m", "servedModelName": "a\tb"}},
+    "escape in the image": {"runtime": {"image": "ghcr.io/x/y:1\x1b[2J"}},
+    "DEL in the claim path": {"model": {"name": "m", "source": {"pvc": {"claimName": "c", "path": "a\x7f"}}}},
+    "NUL in the s3 uri": {"model": {"name": "m", "source": {"s3": {"uri": "s3://bucket/m\x00"}}}},
+    "NUL in an extra argument": {"runtime": {"extraArgs": ["--seed", "1\x00"]}},
+    "NUL in an env value": {"runtime": {"env": [{"name": "A", "value": "a\x00b"}]}},
+    "file:// endpoint": _s3("file:///var/run/secrets/token"),
+    "endpoint with a newline": _s3("https://minio.example.com\n"),
+    "endpoint without a host": _s3("https:///bucket"),
+    "endpoint with user info": _s3("https://key:secret@minio.example.com"),
+    "endpoint with a space": _s3("https://minio.example.com/a b"),
+    "endpoint without a scheme": _s3("minio.example.com:9000"),
+}
+
+
+@pytest.mark.parametrize("spec_overrides", ONE_LINE.values(), ids=ONE_LINE.keys())
+def test_values_passed_on_are_one_printable_line(spec_overrides: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        VLLMService.model_validate(manifest(**spec_overrides))
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "https://s3.eu-west-1.amazonaws.com",
+        "http://minio.minio.svc:9000",
+        "http://10.0.0.7:9000/",
+        "https://[fd00::7]:443/s3",
+    ],
+)
+def test_http_endpoints_pass(endpoint: str) -> None:
+    svc = VLLMService.model_validate(manifest(**_s3(endpoint)))
+    assert svc.spec.model.source.s3 is not None and svc.spec.model.source.s3.endpoint == endpoint
+
+
+def test_free_text_may_span_lines() -> None:
+    template = "{% for m in messages %}\n{{ m.content }}\n{% endfor %}"
+    runtime = {
+        "extraArgs": ["--chat-template", template],
+        "env": [{"name": "CA", "value": "-----BEGIN\nx\n"}],
+    }
+    svc = VLLMService.model_validate(manifest(runtime=runtime))
+    assert svc.spec.runtime.extra_args[1] == template

@@ -62,6 +62,24 @@ OWNED_SPELLINGS = [
     "--compil.cudagraph_capture_sizes=[8]",
     "--port=9000\n",
     "--served-model-name=a\nb",
+    # Older vLLM's capture sizes flag, and its prefixes.
+    "--cuda-graph-sizes",
+    "--cuda-graph-sizes=1,2,4",
+    "--cuda_graph",
+    "--cuda",
+    # `-O` other than a level: vLLM turns it into `--optimization-level <rest>`.
+    '-O{"cudagraph_capture_sizes": [8]}',
+    '-O={"mode": 3}',
+    "-O.cudagraph_mode=NONE",
+    "-O4",
+    "-O33",
+    "-O=",
+    "-Odecode",
+    # An owned compilation key anywhere: in another flag's JSON value, after a bare `-O`, in any case.
+    '{"cudagraph_capture_sizes": [1, 2]}',
+    '--speculative-config={"compilation_config": {"cudagraph_mode": "NONE"}}',
+    '--additional-config={"CUDAGRAPH_CAPTURE_SIZES": [8]}',
+    "-cc.pass_config.max-cudagraph-capture-size=8",
 ]
 
 USER_SPELLINGS = [
@@ -77,6 +95,12 @@ USER_SPELLINGS = [
     "--api-key=x",
     "-O0",
     "-O3",
+    "-O",
+    "-O=2",
+    "--optimization-level=3",
+    "--cudagraph-metrics",
+    "-cc.compile_sizes+=8",
+    '--speculative-config={"method": "ngram", "num_speculative_tokens": 4}',
     "-q",
     "-dp",
     "-pp=2",

@@ -1,5 +1,6 @@
 """The VLLMService API: pydantic models (the source of the CRD schema) and API constants."""
 
+from stoker.api.errors import FieldError, user_message
 from stoker.api.models import (
     API_VERSION,
     DEFAULT_CAPTURE_SIZES,
@@ -58,6 +59,7 @@ __all__ = [
     "Condition",
     "CudaGraphsSpec",
     "EnvVar",
+    "FieldError",
     "HuggingFaceSource",
     "LoaderSpec",
     "ModelCacheSpec",
@@ -78,4 +80,5 @@ __all__ = [
     "VLLMService",
     "VLLMServiceSpec",
     "VLLMServiceStatus",
+    "user_message",
 ]

@@ -6,8 +6,11 @@ of Python's argparse accepts, for a long flag `--tensor-parallel-size`:
 - `_` for `-` in the name (`--tensor_parallel-size`), with the value after `=` or in the next argument,
 - a dotted key (`--name.key value`), which it turns into `--name '{"key": value}'`;
 for a short alias (`-tp`, `-cc`) any prefix, `=`, and dotted keys; `--config FILE` reads any flag from a
-YAML file. `-O<level>` (`--optimization-level`) is left to the user: it tunes compilation the same way for
-the seed and the serving pods, and explicit capture sizes still win.
+YAML file. `-O<x>` and `-O=<x>` become `--optimization-level <x>`, an integer: `-O0` to `-O3` are left to the
+user (they tune compilation the same way for the seed and the serving pods, and explicit capture sizes
+still win); any other `-O...` (`-O{json}`, `-O.key=v`, which older vLLM read as a compilation config) is
+refused, as is any argument that names a compilation key stoker owns (in a JSON value of any flag, in any
+case, `-` or `_`).
 
 One regular expression, built here from the data below, decides: the CRD's CEL rule and the pydantic
 validator both use `OWNED_FLAG_REGEX`, and `tests/conformance/test_owned_flags_parser.py` checks it against
@@ -38,16 +41,20 @@ OWNED_LONG_FLAGS = (
     "enforce-eager",
     "no-enforce-eager",
     "config",
+    # Older vLLM's name for the capture sizes; no supported release has it, and none may bring it back.
+    "cuda-graph-sizes",
     # Standby needs sleep mode; 0.33 also spells its negation --disable-sleep-mode.
     "no-enable-sleep-mode",
     "disable-sleep-mode",
 )
 OWNED_SHORT_FLAGS = ("tp",)
 # JSON-valued flags: the whole JSON value could set anything and is denied; dotted keys
-# (`-cc.pass_config.fuse_norm_quant=true`) pass unless they set a key stoker owns.
+# (`-cc.pass_config.fuse_norm_quant=true`) pass unless they name a key stoker owns.
 JSON_LONG_FLAGS = ("compilation-config",)
 JSON_SHORT_FLAGS = ("cc",)
 OWNED_JSON_KEYS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode")
+# `-O<level>`: the levels vLLM's OptimizationLevel has.
+OPTIMIZATION_LEVELS = "0123"
 
 # `--api-key` guards every path but the health check; the operator's wake-up completion would get 401,
 # so with standby replicas it is refused (also as VLLM_API_KEY).
@@ -80,10 +87,16 @@ def _owned_spellings() -> list[str]:
 
 def _json_spellings() -> list[str]:
     keys = "|".join(key.replace("_", "[-_]") for key in OWNED_JSON_KEYS)
-    spellings = []
-    for flag in (f"--({_prefixes(JSON_LONG_FLAGS)})", f"-({_prefixes(JSON_SHORT_FLAGS)})"):
-        spellings += [f"{flag}(=.*)?", f"{flag}[.]({keys})([.+=].*)?"]
-    return spellings
+    flags = (f"--({_prefixes(JSON_LONG_FLAGS)})", f"-({_prefixes(JSON_SHORT_FLAGS)})")
+    # The whole JSON value, and any argument naming an owned key: a dotted key, or a JSON value of any
+    # flag (`(?i)`: in any case, which costs nothing, as no other flag's value has a reason to name them).
+    return [*(f"{flag}(=.*)?" for flag in flags), f"(?i:.*({keys}).*)"]
+
+
+def _optimization_spellings() -> str:
+    """`-O` followed by anything but a level, or `=` and a level."""
+    levels = f"[{OPTIMIZATION_LEVELS}]"
+    return f"-O([^{OPTIMIZATION_LEVELS}=].*|{levels}.+|=|=[^{OPTIMIZATION_LEVELS}].*|={levels}.+)"
 
 
 def _whole(spellings: list[str]) -> str:
@@ -92,7 +105,7 @@ def _whole(spellings: list[str]) -> str:
     return "(?s)^(" + "|".join(spellings) + ")$"
 
 
-OWNED_FLAG_REGEX = _whole([*_owned_spellings(), *_json_spellings()])
+OWNED_FLAG_REGEX = _whole([*_owned_spellings(), *_json_spellings(), _optimization_spellings()])
 API_KEY_REGEX = _whole([f"--({_prefixes((API_KEY_FLAG,))})([=.].*)?"])
 # The first extra argument follows stoker's own flags; a bare value there would extend one of them
 # (`--cudagraph-capture-sizes 1 2 4` takes a list).

@@ -11,16 +11,26 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonDict, JsonValue
 
+from stoker.api.errors import FieldError
 from stoker.api.flags import (
     API_KEY_ENV,
     API_KEY_REGEX,
     FIRST_ARG_REGEX,
     JSON_LONG_FLAGS,
     JSON_SHORT_FLAGS,
+    OPTIMIZATION_LEVELS,
     OWNED_FLAG_REGEX,
     OWNED_JSON_KEYS,
     OWNED_LONG_FLAGS,
@@ -111,6 +121,34 @@ def _validations(*rules: JsonDict) -> JsonDict:
     return {"x-kubernetes-validations": rule_list}
 
 
+def _cel_literal(regex: str) -> str:
+    """`regex` inside a single-quoted CEL string: its backslashes escaped."""
+    return regex.replace("\\", "\\\\")
+
+
+def _refusing(regex: str, message: str) -> tuple[AfterValidator, Any]:
+    """Validators of a string that `regex` must not find anything in: pydantic's and the CRD's."""
+
+    def check(value: str) -> str:
+        if re.search(regex, value):
+            raise ValueError(message)
+        return value
+
+    cel = _cel(f"!self.matches('{_cel_literal(regex)}')", message)
+    return AfterValidator(check), Field(json_schema_extra=_validations(cel))
+
+
+# A value stoker passes on as an argument of vLLM's, in an environment variable or in a URL holds one line
+# of printable text: a newline, NUL or escape there would split or end what a program or a person reads.
+CONTROL_CHARACTER = r"[\x00-\x1f\x7f]"
+_NO_CONTROL_CHARACTERS = "must not contain control characters (newline, tab, NUL, ...)"
+SingleLine = Annotated[str, *_refusing(CONTROL_CHARACTER, _NO_CONTROL_CHARACTERS)]
+# Free text (a chat template in an argument, a certificate in a variable) may span lines, but neither a
+# process's arguments nor its environment can carry NUL.
+_NO_NUL = "must not contain NUL characters (a process's arguments and environment cannot carry them)"
+WithoutNul = Annotated[str, *_refusing(r"\x00", _NO_NUL)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -155,19 +193,40 @@ class PVCSource(_Model):
     claim_name: str = Field(
         min_length=1, max_length=253, description="PersistentVolumeClaim in the same namespace."
     )
-    path: str = Field(default="/", max_length=1024, description="Model directory inside the claim.")
+    path: SingleLine = Field(default="/", max_length=1024, description="Model directory inside the claim.")
 
     @model_validator(mode="after")
     def _no_parent_segments(self) -> PVCSource:
         if re.search(_PARENT_SEGMENT, self.path):
-            raise ValueError(_PATH_ESCAPES)
+            raise FieldError("path", _PATH_ESCAPES)
         return self
+
+
+# http(s), a host name or [IPv6 address], an optional port and path of printable ASCII: no user info (the
+# credentials are the Secret's), no spaces, no other scheme (file:// would read the pod's own files).
+HTTP_URL = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*"
+    r"|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[!-~]*)?$"
+)
+_ENDPOINT_IS_HTTP_URL = (
+    "endpoint must be an http:// or https:// URL with a host, and no user info, spaces or control characters"
+)
 
 
 class S3Source(_Model):
     """Weights streamed from object storage by the Run:ai streamer (`s3://bucket/prefix`)."""
 
-    uri: str = Field(
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                f"!has(self.endpoint) || self.endpoint.matches('{_cel_literal(HTTP_URL)}')",
+                _ENDPOINT_IS_HTTP_URL,
+                ".endpoint",
+            )
+        )
+    )
+
+    uri: SingleLine = Field(
         pattern=r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$",
         max_length=1024,
         description="s3://bucket/prefix of the model directory.",
@@ -178,8 +237,16 @@ class S3Source(_Model):
         " out to use the pod's service account (pod.serviceAccountName: IRSA, workload identity).",
     )
     endpoint: str | None = Field(
-        default=None, max_length=1024, description="AWS_ENDPOINT_URL, for S3-compatible stores."
+        default=None,
+        max_length=1024,
+        description="AWS_ENDPOINT_URL, for S3-compatible stores: http(s)://, a host, a port, a path.",
     )
+
+    @model_validator(mode="after")
+    def _endpoint_is_http_url(self) -> S3Source:
+        if self.endpoint is not None and not re.fullmatch(HTTP_URL, self.endpoint):
+            raise FieldError("endpoint", _ENDPOINT_IS_HTTP_URL)
+        return self
 
 
 _ONE_SOURCE = "exactly one of huggingFace, pvc or s3 must be set"
@@ -226,15 +293,15 @@ class ModelSpec(_Model):
         )
     )
 
-    name: str = Field(
+    name: SingleLine = Field(
         min_length=1,
         max_length=256,
         description="Model id (e.g. meta-llama/Llama-3.1-8B-Instruct); the default served model name.",
     )
-    revision: str | None = Field(
+    revision: SingleLine | None = Field(
         default=None, min_length=1, max_length=256, description="Hub revision (branch, tag or commit)."
     )
-    served_model_name: str | None = Field(
+    served_model_name: SingleLine | None = Field(
         default=None, min_length=1, max_length=256, description="Model name clients send; defaults to name."
     )
     source: ModelSource = Field(
@@ -245,9 +312,9 @@ class ModelSpec(_Model):
     @model_validator(mode="after")
     def _not_flags(self) -> ModelSpec:
         if self.name.startswith("-"):
-            raise ValueError(_NAME_IS_FLAG)
+            raise FieldError("name", _NAME_IS_FLAG)
         if self.served_model_name is not None and self.served_model_name.startswith("-"):
-            raise ValueError(_SERVED_NAME_IS_FLAG)
+            raise FieldError("servedModelName", _SERVED_NAME_IS_FLAG)
         return self
 
 
@@ -285,7 +352,7 @@ class EnvVar(_Model):
     )
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256, description="Variable name.")
-    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    value: WithoutNul | None = Field(default=None, max_length=32768, description="Literal value.")
     value_from: FreeFormObject | None = Field(default=None, description="A core/v1 EnvVarSource.")
 
     @model_validator(mode="after")
@@ -300,8 +367,12 @@ _NO_OWNED_FLAGS = (
     "extraArgs must not set flags stoker owns, in any spelling or abbreviation vLLM accepts: "
     + ", ".join(f"--{flag}" for flag in OWNED_LONG_FLAGS)
     + "".join(f", -{flag}" for flag in OWNED_SHORT_FLAGS)
-    + "".join(f", --{flag} as a JSON value" for flag in JSON_LONG_FLAGS)
-    + "".join(f" or the dotted keys -{flag}.{{{','.join(OWNED_JSON_KEYS)}}}" for flag in JSON_SHORT_FLAGS)
+    + "".join(
+        f", --{flag} or -{short} as a JSON value"
+        for flag, short in zip(JSON_LONG_FLAGS, JSON_SHORT_FLAGS, strict=True)
+    )
+    + f", -O other than -O{OPTIMIZATION_LEVELS[0]} to -O{OPTIMIZATION_LEVELS[-1]},"
+    + f" or any argument naming {', '.join(OWNED_JSON_KEYS)}"
 )
 _FIRST_ARG_IS_FLAG = "extraArgs must start with a flag (a bare value would extend stoker's own last flag)"
 _NO_OWNED_ENV = "env must not set variables stoker owns: " + ", ".join(OWNED_ENV)
@@ -346,7 +417,7 @@ class RuntimeSpec(_Model):
         )
     )
 
-    image: str = Field(
+    image: SingleLine = Field(
         default=DEFAULT_IMAGE, min_length=1, max_length=512, description="vLLM image; part of the cache key."
     )
     engine_version: str | None = Field(
@@ -376,7 +447,7 @@ class RuntimeSpec(_Model):
     gpu_memory_utilization: float | None = Field(
         default=None, ge=0.05, le=1.0, description="--gpu-memory-utilization: share of GPU memory vLLM uses."
     )
-    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+    extra_args: list[Annotated[WithoutNul, Field(max_length=1024)]] = Field(
         default_factory=list, max_length=64, description="More `vllm serve` arguments, after stoker's own."
     )
     env: list[EnvVar] = Field(
@@ -400,22 +471,22 @@ class RuntimeSpec(_Model):
         try:
             resolve_engine_version(self.engine_version, self.image)
         except UnsupportedEngineVersion as error:
-            raise ValueError(str(error)) from None
+            raise FieldError("engineVersion", str(error)) from None
         return self
 
     @model_validator(mode="after")
     def _cross_field(self) -> RuntimeSpec:
         if self.tensor_parallel_size and self.gpus % self.tensor_parallel_size:
-            raise ValueError(_TP_DIVIDES_GPUS)
+            raise FieldError("tensorParallelSize", _TP_DIVIDES_GPUS)
         if any(sets_owned_flag(arg) for arg in self.extra_args):
-            raise ValueError(_NO_OWNED_FLAGS)
+            raise FieldError("extraArgs", _NO_OWNED_FLAGS)
         if self.extra_args and not re.match(FIRST_ARG_REGEX, self.extra_args[0]):
-            raise ValueError(_FIRST_ARG_IS_FLAG)
+            raise FieldError("extraArgs", _FIRST_ARG_IS_FLAG)
         names = [env.name for env in self.env]
         if set(names) & set(OWNED_ENV):
-            raise ValueError(_NO_OWNED_ENV)
+            raise FieldError("env", _NO_OWNED_ENV)
         if len(set(names)) != len(names):
-            raise ValueError(_UNIQUE_ENV)
+            raise FieldError("env", _UNIQUE_ENV)
         return self
 
 
@@ -544,7 +615,7 @@ class CudaGraphsSpec(_Model):
         if self.capture_sizes is not None and any(
             a >= b for a, b in zip(self.capture_sizes, self.capture_sizes[1:], strict=False)
         ):
-            raise ValueError(_SORTED_SIZES)
+            raise FieldError("captureSizes", _SORTED_SIZES)
         return self
 
 
@@ -792,27 +863,35 @@ class PodSettings(_Model):
     @model_validator(mode="after")
     def _nothing_of_stokers(self) -> PodSettings:
         checks = (
-            (_OWNED_LABELS, [key for key in self.labels if owned_label(key)]),
-            (_OWNED_ANNOTATIONS, [key for key in self.annotations if owned_annotation(key)]),
+            ("labels", _OWNED_LABELS, [key for key in self.labels if owned_label(key)]),
+            ("annotations", _OWNED_ANNOTATIONS, [key for key in self.annotations if owned_annotation(key)]),
             (
+                "labels",
                 _QUALIFIED_KEYS,
-                [key for key in [*self.labels, *self.annotations] if not re.fullmatch(_QUALIFIED_NAME, key)],
+                [key for key in self.labels if not re.fullmatch(_QUALIFIED_NAME, key)],
             ),
-            (_OWNED_VOLUMES, [v.name for v in self.volumes if v.name in OWNED_VOLUMES]),
-            (_UNIQUE_VOLUMES, _repeated([v.name for v in self.volumes])),
             (
+                "annotations",
+                _QUALIFIED_KEYS,
+                [key for key in self.annotations if not re.fullmatch(_QUALIFIED_NAME, key)],
+            ),
+            ("volumes", _OWNED_VOLUMES, [v.name for v in self.volumes if v.name in OWNED_VOLUMES]),
+            ("volumes", _UNIQUE_VOLUMES, _repeated([v.name for v in self.volumes])),
+            (
+                "volumeMounts",
                 _MOUNT_NEEDS_VOLUME,
                 [m.name for m in self.volume_mounts if m.name not in {v.name for v in self.volumes}],
             ),
             (
+                "volumeMounts",
                 _OWNED_MOUNT_PATHS,
                 [m.mount_path for m in self.volume_mounts if shadows_owned_path(m.mount_path)],
             ),
-            (_UNIQUE_MOUNT_PATHS, _repeated([m.mount_path for m in self.volume_mounts])),
+            ("volumeMounts", _UNIQUE_MOUNT_PATHS, _repeated([m.mount_path for m in self.volume_mounts])),
         )
-        for message, offending in checks:
+        for field, message, offending in checks:
             if offending:
-                raise ValueError(f"{message} (found: {', '.join(offending)})")
+                raise FieldError(field, f"{message} (found: {', '.join(offending)})")
         return self
 
 
@@ -877,14 +956,14 @@ class VLLMServiceSpec(_Model):
     @model_validator(mode="after")
     def _cross_field(self) -> VLLMServiceSpec:
         if self.cold_start.model_cache.enabled and self.model.source.hugging_face is None:
-            raise ValueError(_MODEL_CACHE_NEEDS_HF)
+            raise FieldError("coldStart.modelCache.enabled", _MODEL_CACHE_NEEDS_HF)
         if self.model.source.s3 is not None and self.cold_start.loader.format not in (None, *_S3_FORMATS):
-            raise ValueError(_S3_NEEDS_STREAMER)
+            raise FieldError("coldStart.loader.format", _S3_NEEDS_STREAMER)
         if self.cold_start.standby is not None:
             if any(sets_api_key(arg) for arg in self.runtime.extra_args):
-                raise ValueError(_STANDBY_API_KEY)
+                raise FieldError("runtime.extraArgs", _STANDBY_API_KEY)
             if any(var.name == API_KEY_ENV for var in self.runtime.env):
-                raise ValueError(_STANDBY_API_KEY_ENV)
+                raise FieldError("runtime.env", _STANDBY_API_KEY_ENV)
         return self
 
 
@@ -1162,8 +1241,9 @@ class VLLMService(BaseModel):
     def _valid_name(self) -> VLLMService:
         name = self.metadata.get("name")
         if name is not None and (len(name) > MAX_NAME_LENGTH or not re.fullmatch(_DNS_1035, name)):
-            raise ValueError(
-                f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters"
+            raise FieldError(
+                "metadata.name",
+                f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters",
             )
         return self
 

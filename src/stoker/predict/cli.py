@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stoker.api import API_VERSION, KIND, VLLMService
+from stoker.api import API_VERSION, KIND, VLLMService, user_message
 from stoker.predict.facts import read_model_facts
 from stoker.predict.model import EngineSettings, HardwareClass, ModelFacts, Prediction
 from stoker.predict.predictor import predict, regime_of
@@ -132,7 +132,7 @@ def _service(filename: str | None, model_dir: str) -> VLLMService:
                 services.append(VLLMService.model_validate(document))
             except ValidationError as invalid:
                 raise _Refused(
-                    f"{filename}: document {index}: {KIND} is invalid:\n{invalid}", EXIT_INVALID
+                    f"{filename}: document {index}: {KIND} is invalid:\n{user_message(invalid)}", EXIT_INVALID
                 ) from None
     if len(services) != 1:
         raise _Refused(f"{filename} holds {len(services)} {KIND}s; stoker predict takes one", EXIT_INVALID)

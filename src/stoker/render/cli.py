@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stoker.api import API_VERSION, GROUP, KIND, VLLMService
+from stoker.api import API_VERSION, GROUP, KIND, VLLMService, user_message
 from stoker.render.children import render_children
 
 EXIT_INVALID = 1
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
             try:
                 outputs.append(render_manifest_yaml(document))
             except ValidationError as invalid:
-                errors.append(f"{_label(index, document)}: {KIND} is invalid:\n{invalid}")
+                errors.append(f"{_label(index, document)}: {KIND} is invalid:\n{user_message(invalid)}")
     if errors:
         for message in errors:
             print(f"stoker render: {options.file}: {message}", file=sys.stderr)

@@ -1,0 +1,151 @@
+"""Refusals in the user's terms (stoker.api.errors): each names the field as kubectl does and the rule in
+words, with none of pydantic's internals, for every kind of rule a manifest can break."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from stoker.api import VLLMService, user_message
+from stoker.api.errors import field_path
+
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "stoker.dev/v1alpha1",
+    "kind": "VLLMService",
+    "metadata": {"name": "svc"},
+    "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
+}
+INTERNALS = (
+    "Value error",
+    "Assertion failed",
+    "[type=",
+    "pydantic",
+    "https://errors",
+    "validation error for",
+)
+
+
+def with_spec(**spec: Any) -> dict[str, Any]:
+    manifest = copy.deepcopy(MINIMAL)
+    manifest["spec"].update(spec)
+    return manifest
+
+
+# (manifest, the field the message names, words of the rule)
+CASES: list[tuple[dict[str, Any], str, str]] = [
+    ({**MINIMAL, "spec": {}}, "spec.model", "is required"),
+    (with_spec(bogus=1), "spec.bogus", "is not a field of this object"),
+    (with_spec(model={"name": "a\nb"}), "spec.model.name", "must not contain control characters"),
+    (with_spec(model={"name": "m", "revision": "main\r"}), "spec.model.revision", "control characters"),
+    (with_spec(model={"name": "--port=1"}), "spec.model.name", "must not start with '-'"),
+    (with_spec(model={"name": ""}), "spec.model.name", "must have at least 1 characters"),
+    (with_spec(model={"name": "m" * 300}), "spec.model.name", "must have at most 256 characters"),
+    (
+        with_spec(model={"name": "m", "source": {"s3": {"uri": "s3://bucket/m", "endpoint": "file:///etc"}}}),
+        "spec.model.source.s3.endpoint",
+        "must be an http:// or https:// URL with a host",
+    ),
+    (
+        with_spec(model={"name": "m", "source": {"s3": {"uri": "https://bucket/m"}}}),
+        "spec.model.source.s3.uri",
+        "must match the pattern",
+    ),
+    (
+        with_spec(model={"name": "m", "source": {"pvc": {"claimName": "c"}, "s3": {"uri": "s3://bucket/m"}}}),
+        "spec.model.source",
+        "exactly one of huggingFace, pvc or s3",
+    ),
+    (with_spec(runtime={"gpus": 0}), "spec.runtime.gpus", "must be at least 1"),
+    (with_spec(runtime={"replicas": "many"}), "spec.runtime.replicas", "must be an integer"),
+    (
+        with_spec(runtime={"gpuMemoryUtilization": 2}),
+        "spec.runtime.gpuMemoryUtilization",
+        "must be at most 1",
+    ),
+    (
+        with_spec(runtime={"gpus": 2, "tensorParallelSize": 3}),
+        "spec.runtime.tensorParallelSize",
+        "divide gpus",
+    ),
+    (
+        with_spec(runtime={"extraArgs": ["-O", '{"cudagraph_capture_sizes": [8]}']}),
+        "spec.runtime.extraArgs",
+        "must not set flags stoker owns",
+    ),
+    (with_spec(runtime={"extraArgs": ["--seed", "1\x00"]}), "spec.runtime.extraArgs[1]", "NUL"),
+    (with_spec(runtime={"extraArgs": "--seed 1"}), "spec.runtime.extraArgs", "must be a list"),
+    (
+        with_spec(runtime={"env": [{"name": "HF_HOME", "value": "/x"}]}),
+        "spec.runtime.env",
+        "must not set variables stoker owns",
+    ),
+    (
+        with_spec(runtime={"env": [{"name": "A", "value": "x", "valueFrom": {}}]}),
+        "spec.runtime.env[0]",
+        "value and valueFrom are mutually exclusive",
+    ),
+    (with_spec(runtime={"engineVersion": "0.1.0"}), "spec.runtime.engineVersion", "0.1.0"),
+    (
+        with_spec(coldStart={"loader": {"format": "pickle"}}),
+        "spec.coldStart.loader.format",
+        "must be 'runai_streamer', 'instanttensor'",
+    ),
+    (
+        with_spec(coldStart={"cudaGraphs": {"captureSizes": [8, 4]}}),
+        "spec.coldStart.cudaGraphs.captureSizes",
+        "strictly increasing",
+    ),
+    (with_spec(coldStart={"standby": {"replicas": 1.5}}), "spec.coldStart.standby.replicas", "whole number"),
+    (
+        with_spec(coldStart={"standby": {}}, runtime={"extraArgs": ["--api-key", "k"]}),
+        "spec.runtime.extraArgs",
+        "coldStart.standby does not work with an API key",
+    ),
+    (
+        with_spec(
+            coldStart={"modelCache": {"enabled": True}},
+            model={"name": "m", "source": {"pvc": {"claimName": "c"}}},
+        ),
+        "spec.coldStart.modelCache.enabled",
+        "applies only to model.source.huggingFace",
+    ),
+    (with_spec(pod={"labels": {"stoker.dev/x": "y"}}), "spec.pod.labels", "must not set keys stoker owns"),
+    (
+        with_spec(pod={"volumeMounts": [{"name": "v", "mountPath": "/data"}]}),
+        "spec.pod.volumeMounts",
+        "must each name a volume",
+    ),
+    ({**MINIMAL, "metadata": {"name": "Not_DNS"}}, "metadata.name", "DNS-1035 label"),
+]
+
+
+@pytest.mark.parametrize(("manifest", "field", "rule"), CASES, ids=[case[1] for case in CASES])
+def test_a_refusal_names_the_field_and_the_rule_in_plain_words(
+    manifest: dict[str, Any], field: str, rule: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        VLLMService.model_validate(manifest)
+    message = user_message(refused.value)
+    assert not [word for word in INTERNALS if word in message], message
+    lines = message.splitlines()
+    assert any(line.startswith(f"{field}: ") and rule in line for line in lines), message
+    assert all(line.startswith(("spec.", "metadata.")) for line in lines), message
+
+
+def test_every_broken_rule_gets_its_own_line() -> None:
+    manifest = with_spec(model={"name": "a\nb"}, runtime={"gpus": 0, "replicas": -1})
+    with pytest.raises(ValidationError) as refused:
+        VLLMService.model_validate(manifest)
+    assert user_message(refused.value).splitlines() == [
+        "spec.model.name: must not contain control characters (newline, tab, NUL, ...)",
+        "spec.runtime.replicas: must be at least 0",
+        "spec.runtime.gpus: must be at least 1",
+    ]
+
+
+def test_field_paths_read_as_kubectl_writes_them() -> None:
+    assert field_path(("spec", "runtime", "env", 0, "value")) == "spec.runtime.env[0].value"
+    assert field_path(()) == ""
