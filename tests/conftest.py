@@ -94,6 +94,26 @@ def kubectl(cluster: Cluster) -> Kubectl:
     return run
 
 
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def helm(cluster: Cluster) -> Helm:
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(cluster.bin_dir / "helm"), *args],
+            env=cluster.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def crd(kubectl: Kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))

@@ -1,0 +1,530 @@
+"""The tenant boundary on the real API server (charts/stoker/templates/admission-policy.yaml).
+
+A user whose role allows VLLMServices but not pods (the chart's editor ClusterRole, bound in a namespace) is
+refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass and volume type the
+pods would use that the user may not use directly, with a message naming the field; the same user is
+accepted once granted the direct verb on exactly that object, and a user who may create pods is accepted
+outright. The policy and the roles are rendered by `helm template` from the chart, as both install paths do.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Helm
+from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.test_helm import CHART
+
+pytestmark = pytest.mark.e2e
+
+# The policy's and the roles' names carry the release namespace; nothing is installed in it.
+RELEASE_NAMESPACE = "admission-e2e"
+POLICY = f"{RELEASE_NAMESPACE}-stoker-tenant-boundary"
+EDITOR = f"{RELEASE_NAMESPACE}-stoker-vllmservice-editor"
+TENANT = "alice"
+DEPLOYER = "bob"
+NAME = "svc"
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def manifest(spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": NAME},
+        "spec": {"model": {"name": MODEL}, **copy.deepcopy(spec or {})},
+    }
+
+
+def chart_objects(helm: Helm, *values: str) -> str:
+    """The chart's tenant boundary and its ClusterRoles for people, as `helm template` renders them."""
+    rendered = helm("template", "stoker", str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
+    docs = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc
+        and (
+            doc["kind"].startswith("ValidatingAdmissionPolicy") or "-vllmservice-" in doc["metadata"]["name"]
+        )
+    ]
+    return yaml.safe_dump_all(docs)
+
+
+def apply_as(kubectl, user: str, namespace: str, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return kubectl("--as", user, "-n", namespace, "apply", "-f", "-", input=json.dumps(obj), check=False)
+
+
+def refusal(result: subprocess.CompletedProcess[str]) -> str:
+    """The policy's message of a refused apply."""
+    assert result.returncode != 0, "accepted"
+    assert f"ValidatingAdmissionPolicy '{POLICY}'" in result.stderr and "forbidden" in result.stderr, (
+        result.stderr
+    )
+    return result.stderr.split("denied request: ", 1)[1].strip()
+
+
+def bind(kubectl, namespace: str, user: str, rules: list[dict[str, Any]], name: str) -> None:
+    """A Role of `rules` for `user`, effective (the authorizer's cache has it) when this returns."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [role, binding]}),
+    )
+    rule = rules[0]
+    resource, _, subresource = rule["resources"][0].partition("/")
+    target = resource + (f".{rule['apiGroups'][0]}" if rule["apiGroups"][0] else "")
+    target += "".join(f"/{name}" for name in rule.get("resourceNames", [])[:1])
+    question = [rule["verbs"][0], target, *(["--subresource", subresource] if subresource else [])]
+    wait_for(
+        lambda: may(kubectl, namespace, user, *question), timeout=30, what=f"{user} may {' '.join(question)}"
+    )
+
+
+def may(kubectl, namespace: str, user: str, *question: str) -> bool:
+    """`kubectl auth can-i` as `user`: the API server's own authorizer."""
+    answer = kubectl("auth", "can-i", *question, "-n", namespace, "--as", user, check=False)
+    return answer.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def tenant_namespace(namespace: str, kubectl) -> str:
+    """A namespace where TENANT holds the chart's VLLMService editor role and nothing else."""
+    kubectl("-n", namespace, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
+    wait_for(
+        lambda: may(kubectl, namespace, TENANT, "create", "vllmservices.stoker.dev"),
+        timeout=30,
+        what="binding",
+    )
+    return namespace
+
+
+def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
+    result = kubectl(
+        "--as",
+        TENANT,
+        "-n",
+        namespace,
+        "create",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input=json.dumps(manifest(spec)),
+        check=False,
+    )
+    return POLICY in result.stderr
+
+
+def install(kubectl, helm: Helm, *values: str) -> None:
+    kubectl("apply", "-f", "-", input=chart_objects(helm, *values))
+
+
+@pytest.fixture(scope="module")
+def probe_namespace(cluster, kubectl, crd: None) -> Iterator[str]:
+    name = f"admission-probe-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", name)
+    kubectl("-n", name, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+HOST_PATH = {"pod": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}
+NFS = {"pod": {"volumes": [{"name": "share", "nfs": {"server": "nfs.local", "path": "/models"}}]}}
+
+
+@pytest.fixture(scope="module")
+def policy(kubectl, helm: Helm, crd: None, probe_namespace: str) -> Iterator[None]:
+    """The chart's policy with its default values, in force when tests start."""
+    install(kubectl, helm)
+    wait_for(
+        lambda: policy_refuses(kubectl, probe_namespace, HOST_PATH), timeout=60, what="the policy in force"
+    )
+    yield
+    kubectl("delete", "-f", "-", "--wait=false", input=chart_objects(helm), check=False)
+
+
+# ------------------------------------------------------------------------------------------- the chart
+
+
+def test_chart_ships_the_policy_by_default_and_refuses_old_clusters(helm: Helm) -> None:
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(chart_objects(helm))]
+    assert kinds.count("ValidatingAdmissionPolicy") == kinds.count("ValidatingAdmissionPolicyBinding") == 1
+    off = yaml.safe_load_all(
+        chart_objects(helm, "--set", "admission.enabled=false", "--set", "rbac.userRoles=false")
+    )
+    assert [doc for doc in off if doc] == []
+    old = helm("template", "stoker", str(CHART), "--kube-version", "1.33.0", check=False)
+    assert old.returncode != 0 and "admission.enabled needs Kubernetes 1.34" in old.stderr, old.stderr
+
+
+def test_policy_type_checks_without_warnings(kubectl, policy: None) -> None:
+    def checked() -> dict[str, Any] | None:
+        stored = get_json(kubectl, "validatingadmissionpolicy", POLICY) or {}
+        status = stored.get("status", {})
+        return status if status.get("observedGeneration") == stored["metadata"]["generation"] else None
+
+    status = wait_for(checked, timeout=30, what="the policy type-checked")
+    assert not status.get("typeChecking", {}).get("expressionWarnings"), status
+
+
+# ---------------------------------------------------------------------------- one refusal per field
+
+# (spec, field named, kind, object, the grant that lets the tenant use exactly that object)
+Case = tuple[dict[str, Any], str, str, str, dict[str, Any]]
+
+
+def grant(verb: str, resource: str, name: str, group: str = "") -> dict[str, Any]:
+    return {"apiGroups": [group], "resources": [resource], "resourceNames": [name], "verbs": [verb]}
+
+
+def volume(source: dict[str, Any]) -> dict[str, Any]:
+    return {"pod": {"volumes": [{"name": "extra", **source}]}}
+
+
+def env_from(source: dict[str, Any]) -> dict[str, Any]:
+    return {"runtime": {"env": [{"name": "FROM_REF", "valueFrom": source}]}}
+
+
+CASES: dict[str, Case] = {
+    "service-account": (
+        {"pod": {"serviceAccountName": "admin-sa"}},
+        "spec.pod.serviceAccountName",
+        "ServiceAccount",
+        "admin-sa",
+        grant("create", "serviceaccounts/token", "admin-sa"),
+    ),
+    "projected-token-of-the-default-account": (
+        volume({"projected": {"sources": [{"serviceAccountToken": {"audience": "vault", "path": "token"}}]}}),
+        "spec.pod.volumes[0].projected.sources[0].serviceAccountToken",
+        "ServiceAccount",
+        "default",
+        grant("create", "serviceaccounts/token", "default"),
+    ),
+    "secret-volume": (
+        volume({"secret": {"secretName": "db-creds"}}),
+        "spec.pod.volumes[0].secret.secretName",
+        "Secret",
+        "db-creds",
+        grant("get", "secrets", "db-creds"),
+    ),
+    "projected-secret": (
+        volume(
+            {"projected": {"sources": [{"downwardAPI": {"items": []}}, {"secret": {"name": "db-creds"}}]}}
+        ),
+        "spec.pod.volumes[0].projected.sources[1].secret.name",
+        "Secret",
+        "db-creds",
+        grant("get", "secrets", "db-creds"),
+    ),
+    "csi-publish-secret": (
+        volume(
+            {"csi": {"driver": "secrets-store.csi.k8s.io", "nodePublishSecretRef": {"name": "vault-creds"}}}
+        ),
+        "spec.pod.volumes[0].csi.nodePublishSecretRef.name",
+        "Secret",
+        "vault-creds",
+        grant("get", "secrets", "vault-creds"),
+    ),
+    "config-map-volume": (
+        volume({"configMap": {"name": "other-team-config"}}),
+        "spec.pod.volumes[0].configMap.name",
+        "ConfigMap",
+        "other-team-config",
+        grant("get", "configmaps", "other-team-config"),
+    ),
+    "projected-config-map": (
+        volume({"projected": {"sources": [{"configMap": {"name": "other-team-config"}}]}}),
+        "spec.pod.volumes[0].projected.sources[0].configMap.name",
+        "ConfigMap",
+        "other-team-config",
+        grant("get", "configmaps", "other-team-config"),
+    ),
+    "env-secret-key-ref": (
+        env_from({"secretKeyRef": {"name": "db-creds", "key": "password"}}),
+        "spec.runtime.env[0].valueFrom.secretKeyRef.name",
+        "Secret",
+        "db-creds",
+        grant("get", "secrets", "db-creds"),
+    ),
+    "env-config-map-key-ref": (
+        env_from({"configMapKeyRef": {"name": "other-team-config", "key": "url"}}),
+        "spec.runtime.env[0].valueFrom.configMapKeyRef.name",
+        "ConfigMap",
+        "other-team-config",
+        grant("get", "configmaps", "other-team-config"),
+    ),
+    "s3-credentials-env-from": (
+        {
+            "model": {
+                "name": MODEL,
+                "source": {"s3": {"uri": "s3://models/qwen", "credentialsSecretRef": {"name": "s3-creds"}}},
+            }
+        },
+        "spec.model.source.s3.credentialsSecretRef.name",
+        "Secret",
+        "s3-creds",
+        grant("get", "secrets", "s3-creds"),
+    ),
+    "hugging-face-token": (
+        {"model": {"name": MODEL, "source": {"huggingFace": {"tokenSecretRef": {"name": "hf-token"}}}}},
+        "spec.model.source.huggingFace.tokenSecretRef.name",
+        "Secret",
+        "hf-token",
+        grant("get", "secrets", "hf-token"),
+    ),
+    "image-pull-secret": (
+        {"pod": {"imagePullSecrets": [{"name": "registry"}]}},
+        "spec.pod.imagePullSecrets[0].name",
+        "Secret",
+        "registry",
+        grant("get", "secrets", "registry"),
+    ),
+    "pvc-volume": (
+        volume({"persistentVolumeClaim": {"claimName": "other-team-data"}}),
+        "spec.pod.volumes[0].persistentVolumeClaim.claimName",
+        "PersistentVolumeClaim",
+        "other-team-data",
+        grant("use", "persistentvolumeclaims", "other-team-data"),
+    ),
+    "model-source-pvc": (
+        {"model": {"name": MODEL, "source": {"pvc": {"claimName": "other-team-weights"}}}},
+        "spec.model.source.pvc.claimName",
+        "PersistentVolumeClaim",
+        "other-team-weights",
+        grant("use", "persistentvolumeclaims", "other-team-weights"),
+    ),
+    "priority-class": (
+        {"pod": {"priorityClassName": "system-node-critical"}},
+        "spec.pod.priorityClassName",
+        "PriorityClass",
+        "system-node-critical",
+        grant("use", "priorityclasses", "system-node-critical", group="scheduling.k8s.io"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_field_is_refused_until_the_tenant_may_use_that_object(
+    case: Case, kubectl, policy: None, tenant_namespace: str
+) -> None:
+    spec, field, kind, name, rule = case
+    namespace = tenant_namespace
+    assert (
+        kubectl(
+            "auth", "can-i", "create", "pods", "-n", namespace, "--as", TENANT, check=False
+        ).stdout.strip()
+        == "no"
+    )
+    message = refusal(apply_as(kubectl, TENANT, namespace, manifest(spec)))
+    assert message.startswith(f"{field}: {TENANT} may not use {kind} {name} in namespace {namespace} "), (
+        message
+    )
+    assert get_json(kubectl, "-n", namespace, "vllmservice", NAME) is None
+
+    bind(kubectl, namespace, TENANT, [rule], "exactly-that-object")
+    accepted = apply_as(kubectl, TENANT, namespace, manifest(spec))
+    assert accepted.returncode == 0, accepted.stderr
+    assert get_json(kubectl, "-n", namespace, "vllmservice", NAME)
+
+
+# The core/v1 volume types outside Pod Security's `restricted` set (a minimal body each: the policy reads
+# the type, and the CRD keeps a volume's source as written).
+DISALLOWED_VOLUME_TYPES = [
+    "hostPath",
+    "nfs",
+    "iscsi",
+    "rbd",
+    "cephfs",
+    "glusterfs",
+    "flexVolume",
+    "fc",
+    "gitRepo",
+    "image",
+    "awsElasticBlockStore",
+    "gcePersistentDisk",
+    "azureDisk",
+    "azureFile",
+    "cinder",
+    "vsphereVolume",
+    "portworxVolume",
+    "flocker",
+    "quobyte",
+    "scaleIO",
+    "storageos",
+    "photonPersistentDisk",
+]
+
+
+@pytest.mark.parametrize("volume_type", DISALLOWED_VOLUME_TYPES)
+def test_volume_type_outside_the_restricted_set_is_refused(
+    volume_type: str, kubectl, policy: None, tenant_namespace: str
+) -> None:
+    message = refusal(
+        apply_as(kubectl, TENANT, tenant_namespace, manifest(volume({volume_type: {"path": "/"}})))
+    )
+    field = f"spec.pod.volumes[0].{volume_type}"
+    assert message.startswith(f"{field}: {TENANT} may not use this volume type in namespace "), message
+
+
+# ------------------------------------------------------------------------------------- what is allowed
+
+
+def everything() -> dict[str, Any]:
+    """A spec naming one object of every kind, in every field, and a hostPath."""
+    spec: dict[str, Any] = {"pod": {"volumes": [], "serviceAccountName": "admin-sa"}, "runtime": {"env": []}}
+    for case_spec, *_ in CASES.values():
+        pod, runtime = case_spec.get("pod", {}), case_spec.get("runtime", {})
+        spec["pod"].update({k: v for k, v in pod.items() if k != "volumes"})
+        for i, vol in enumerate(pod.get("volumes", [])):
+            spec["pod"]["volumes"].append({**vol, "name": f"v{len(spec['pod']['volumes'])}-{i}"})
+        for var in runtime.get("env", []):
+            spec["runtime"]["env"].append({**var, "name": f"E{len(spec['runtime']['env'])}"})
+    spec["pod"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    spec["model"] = CASES["s3-credentials-env-from"][0]["model"]
+    return spec
+
+
+def test_a_spec_naming_nothing_is_accepted(kubectl, policy: None, tenant_namespace: str) -> None:
+    harmless = {
+        "pod": {
+            "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "info", "downwardAPI": {"items": []}}]
+        }
+    }
+    result = apply_as(kubectl, TENANT, tenant_namespace, manifest(harmless))
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_user_who_may_create_pods_may_name_anything(kubectl, policy: None, tenant_namespace: str) -> None:
+    namespace = tenant_namespace
+    kubectl(
+        "-n", namespace, "create", "rolebinding", "deployer", f"--clusterrole={EDITOR}", f"--user={DEPLOYER}"
+    )
+    assert refusal(apply_as(kubectl, TENANT, namespace, manifest(everything())))
+    bind(
+        kubectl,
+        namespace,
+        DEPLOYER,
+        [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+        "pods",
+    )
+    result = apply_as(kubectl, DEPLOYER, namespace, manifest(everything()))
+    assert result.returncode == 0, result.stderr
+
+
+def test_sixteen_granted_objects_fit_the_budget_and_a_seventeenth_needs_create_pods(
+    kubectl, policy: None, tenant_namespace: str
+) -> None:
+    """Each object is one authorization check; 16 of them, each named in several fields, are checked."""
+    namespace = tenant_namespace
+    names = [f"s{i}" for i in range(17)]
+    bind(
+        kubectl,
+        namespace,
+        TENANT,
+        [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": names, "verbs": ["get"]}],
+        "secrets",
+    )
+
+    def spec(count: int) -> dict[str, Any]:
+        env = [
+            {"name": f"E{i}", "valueFrom": {"secretKeyRef": {"name": names[i % count], "key": "k"}}}
+            for i in range(64)
+        ]
+        volumes = [{"name": f"v{i}", "secret": {"secretName": names[i]}} for i in range(count)]
+        return {"runtime": {"env": env}, "pod": {"volumes": volumes}}
+
+    result = apply_as(kubectl, TENANT, namespace, manifest(spec(16)))
+    assert result.returncode == 0, result.stderr
+    message = refusal(apply_as(kubectl, TENANT, namespace, manifest(spec(17))))
+    assert message.startswith(
+        f"spec: without create on pods in namespace {namespace}, {TENANT} may name at most 16"
+    ), message
+
+
+def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, tenant_namespace: str) -> None:
+    """An admin's VLLMService runs as a privileged ServiceAccount: the tenant may scale it and label it, but
+    a spec change of theirs would run their image as that account."""
+    namespace = tenant_namespace
+    kubectl(
+        "-n",
+        namespace,
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(manifest({"pod": {"serviceAccountName": "admin-sa"}})),
+    )
+    patch = json.dumps({"spec": {"runtime": {"image": "attacker/vllm:latest"}}})
+    changed = kubectl(
+        "--as",
+        TENANT,
+        "-n",
+        namespace,
+        "patch",
+        "vllmservice",
+        NAME,
+        "--type",
+        "merge",
+        "-p",
+        patch,
+        check=False,
+    )
+    assert refusal(changed).startswith(
+        f"spec.pod.serviceAccountName: {TENANT} may not use ServiceAccount admin-sa"
+    )
+    labelled = kubectl(
+        "--as", TENANT, "-n", namespace, "label", "vllmservice", NAME, "team=search", check=False
+    )
+    assert labelled.returncode == 0, labelled.stderr
+    scaled = kubectl(
+        "--as", TENANT, "-n", namespace, "scale", "vllmservice", NAME, "--replicas=3", check=False
+    )
+    assert scaled.returncode == 0, scaled.stderr
+    stored = get_json(kubectl, "-n", namespace, "vllmservice", NAME)
+    assert stored and stored["spec"]["runtime"]["replicas"] == 3
+    assert stored["spec"]["runtime"]["image"] != "attacker/vllm:latest"
+
+
+def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_namespace: str) -> None:
+    """admission.allowedVolumeTypes admits a type for everyone; admission.exemptNamespaces a namespace."""
+    namespace = tenant_namespace
+    try:
+        install(kubectl, helm, "--set", "admission.allowedVolumeTypes={nfs}")
+        wait_for(lambda: not policy_refuses(kubectl, namespace, NFS), timeout=60, what="nfs allowed")
+        result = apply_as(kubectl, TENANT, namespace, manifest(NFS))
+        assert result.returncode == 0, result.stderr
+        assert refusal(apply_as(kubectl, TENANT, namespace, manifest(HOST_PATH))).startswith(
+            "spec.pod.volumes[0].hostPath:"
+        )
+        install(kubectl, helm, "--set", f"admission.exemptNamespaces={{{namespace}}}")
+        wait_for(
+            lambda: not policy_refuses(kubectl, namespace, HOST_PATH), timeout=60, what="namespace exempt"
+        )
+        result = apply_as(kubectl, TENANT, namespace, manifest(HOST_PATH))
+        assert result.returncode == 0, result.stderr
+    finally:
+        install(kubectl, helm)
+        wait_for(lambda: policy_refuses(kubectl, namespace, HOST_PATH), timeout=60, what="the defaults back")
+    assert policy_refuses(kubectl, namespace, NFS)
