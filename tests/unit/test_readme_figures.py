@@ -36,10 +36,10 @@ NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\d)")
 BYTES_PER_UNIT = {"GB": 10**9, "MB": 10**6, "GiB": 2**30, "MiB": 2**20}
 
 
-def sections(text: str) -> Iterator[tuple[str, str]]:
-    """(heading, body) of each `## ` section, fenced code blocks removed."""
+def sections(text: str, level: str = "##") -> Iterator[tuple[str, str]]:
+    """(heading, body) of each section of `level`, fenced code blocks removed."""
     prose = re.sub(r"(?ms)^```.*?^```", "", text)
-    for part in re.split(r"(?m)^(?=## )", prose):
+    for part in re.split(rf"(?m)^(?={level} )", prose):
         yield part.splitlines()[0] if part else "", part
 
 
@@ -102,15 +102,31 @@ def test_every_number_in_the_performance_table_is_in_its_results_file(row: list[
     assert not missing, f"{missing} are not in {path}"
 
 
+def unfound_figures(heading: str, body: str, text: str) -> Iterator[str]:
+    named = [REPO / path for path in re.findall(RESULTS_FILE, body)]
+    for match in FIGURE.finditer(text):
+        figure, number = match.group(0), match.group(1)
+        if not any(path.is_file() and found(figure, number, path) for path in named):
+            yield f"{heading}: {figure!r} is in none of {[path.name for path in named]}"
+
+
 def test_every_figure_in_the_readme_is_in_a_results_file_its_section_names() -> None:
     problems = []
     for heading, body in sections(README.read_text()):
+        # The performance table's cells are numbers without units, checked above.
         prose = "\n".join(line for line in body.splitlines() if not line.startswith("| "))
-        named = [REPO / path for path in re.findall(RESULTS_FILE, body)]
-        for match in FIGURE.finditer(prose):
-            figure, number = match.group(0), match.group(1)
-            if not any(path.is_file() and found(figure, number, path) for path in named):
-                problems.append(f"{heading}: {figure!r} is in none of {[p.name for p in named]}")
+        problems.extend(unfound_figures(heading, body, prose))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_fresh_machine_costs_in_getting_started_are_the_measured_ones() -> None:
+    (heading, body), *_ = [
+        (heading, body)
+        for heading, body in sections(GETTING_STARTED.read_text(), "###")
+        if heading == "### What they cost"
+    ]
+    problems = list(unfound_figures(heading, body, body))
+    assert len(list(FIGURE.finditer(body))) >= 10
     assert not problems, "\n".join(problems)
 
 
