@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.render.prefetch import checkpoint_ranges, listed_ranges, read_ahead, read_ranges
+from stoker.render.prefetch import READER_FUNCTIONS
 
 CHECKPOINT = Path("/tmp/stoker-readahead-checkpoint")
 # The importer's mark that its imports are done: in a pod, the server forking its engine process.
@@ -58,7 +58,7 @@ VARIANTS: dict[str, Variant | None] = {
 # read_ahead's own source, as the serving pod's wrapper embeds it (the reader imports nothing of stoker's).
 READER = (
     "from __future__ import annotations\nimport os, sys, threading, time\n\n\n"
-    + "\n\n".join(inspect.getsource(f) for f in (read_ranges, checkpoint_ranges, listed_ranges, read_ahead))
+    + "\n\n".join(inspect.getsource(f) for f in READER_FUNCTIONS)
     + """
 readers, chunk, gentle, import_pages = (int(a) for a in sys.argv[1:5])
 os.nice(10)

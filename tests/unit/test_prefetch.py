@@ -235,16 +235,23 @@ def test_resident_pages_are_the_runs_of_each_file_in_the_page_cache(tmp_path: Pa
     assert resident_pages(files) == expected
 
 
-def test_a_listing_is_read_in_ranges_and_an_absent_one_is_nothing(tmp_path: Path) -> None:
+def test_a_listing_is_read_in_ranges_clamped_to_its_files_and_an_absent_one_is_none(tmp_path: Path) -> None:
+    library = tmp_path / "a.so"
+    library.write_bytes(os.urandom(10 << 20))
+    spaced = tmp_path / "b c.py"
+    spaced.write_bytes(os.urandom(6000))
     listing = tmp_path / "import-pages"
-    listing.write_text(f"/lib/a.so 0 {10 << 20}\n/lib/b c.py 4096 8192\n")
-    assert listed_ranges(str(listing)) == [
-        ("/lib/a.so", 0, 4 << 20),
-        ("/lib/a.so", 4 << 20, 4 << 20),
-        ("/lib/a.so", 8 << 20, 2 << 20),
-        ("/lib/b c.py", 4096, 4096),
+    # The second range ends past the file's end: read up to it.
+    listing.write_text(f"{library} 0 {10 << 20}\n{spaced} 4096 8192\n")
+    assert list(listed_ranges(str(listing))) == [
+        (str(library), 0, 4 << 20),
+        (str(library), 4 << 20, 4 << 20),
+        (str(library), 8 << 20, 2 << 20),
+        (str(spaced), 4096, 6000 - 4096),
     ]
-    assert listed_ranges(str(tmp_path / "absent")) == []
+    skips: list[tuple[str, str]] = []
+    assert list(listed_ranges(str(tmp_path / "absent"), skipped=lambda *skip: skips.append(skip))) == []
+    assert skips == [(str(tmp_path / "absent"), "no import pages listing (No such file or directory)")]
 
 
 def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None:
@@ -260,8 +267,9 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None
         [sys.executable, *command[1:], *server], capture_output=True, text=True, timeout=60, check=True
     )
     lines = result.stderr.splitlines()
-    assert lines[0].startswith(f"stoker read-ahead: {2 * mmap.PAGESIZE} bytes of the imports' pages in ")
-    assert lines[1].startswith(f"stoker read-ahead: {(4 << 20) + 1} bytes in ")
+    assert lines[0] == f"stoker read-ahead: skipped {tmp_path / 'gone.so'}: No such file or directory"
+    assert lines[1].startswith(f"stoker read-ahead: {2 * mmap.PAGESIZE} bytes of the imports' pages in ")
+    assert lines[2].startswith(f"stoker read-ahead: {(4 << 20) + 1} bytes in ")
 
 
 def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(tmp_path: Path) -> None:

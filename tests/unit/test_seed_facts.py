@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import time
 from pathlib import Path
 
 from stoker.predict.facts import parse_facts_line, read_model_facts
@@ -70,3 +71,16 @@ def test_a_snapshot_with_the_index_but_no_shards_prints_the_indexed_size(tmp_pat
     facts = parse_facts_line(line)
     assert facts is not None and facts.checkpoint_bytes == 988097536
     assert facts.checkpoint_bytes_source == "indexMetadata"
+
+
+def test_facts_that_take_too_long_to_read_leave_the_seed_to_finish_without_them(tmp_path: Path) -> None:
+    # A read that blocks (a hung volume): the seed goes on after its bound, with one line that says why.
+    namespace: dict[str, object] = {}
+    exec(SEED_MODEL_FACTS, namespace)
+    namespace["read_model_facts"] = lambda *_: time.sleep(60)
+    output = io.StringIO()
+    began = time.monotonic()
+    with contextlib.redirect_stdout(output):
+        namespace["print_model_facts"](["vllm", "serve", str(tmp_path)], 0.5)  # type: ignore[operator]
+    assert time.monotonic() - began < 5
+    assert output.getvalue() == "stoker-seed: no model facts (still reading after 0.5 s)\n"

@@ -33,7 +33,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TextIO
 
 from stoker.api import VLLMService
 from stoker.api.owned import CACHE_MOUNT_PATH
@@ -62,7 +63,7 @@ WIDE_REQUEST_BYTES = 1 << 20
 
 
 def read_ranges(
-    ranges: list[tuple[str, int, int]],
+    ranges: Iterable[tuple[str, int, int]],
     readers: int = 8,
     gentle: int = 0,
     engine_started: Callable[[], bool] = lambda: True,
@@ -72,9 +73,11 @@ def read_ranges(
     """Read the `(path, offset, length)` ranges into the page cache: `readers` threads take them in order
     from one list, each range in one request (`request` > 0: requests of at most that size). With `gentle`
     > 0, until `engine_started()` (polled) one thread reads alone, `gentle` bytes a request. `exact` (or
-    small requests): no kernel read-ahead beyond them. Returns the bytes read; unreadable files are skipped
-    (their reader will report them)."""
+    small requests): no kernel read-ahead beyond them. Returns the bytes read. Each thread holds one file
+    open at a time, and a buffer of the longest range it read; a file that is not (or no longer) a regular
+    file is passed by (checkpoint_ranges and listed_ranges report them)."""
     taken = iter(ranges)
+    failed: list[Exception] = []
     lock = threading.Lock()
     total = [0]
     all_readers = threading.Event()
@@ -82,26 +85,35 @@ def read_ranges(
         all_readers.set()
 
     def reader() -> None:
-        buffer = memoryview(bytearray(max((length for _, _, length in ranges), default=0)))
-        descriptors: dict[str, int] = {}
+        buffer = memoryview(bytearray(0))
+        opened, descriptor = "", -1
         while True:
             with lock:
-                item = next(taken, None)
+                try:
+                    item = next(taken, None)
+                except Exception as error:  # raised again below, once: the ranges end here
+                    failed.append(error)
+                    item = None
             if item is None:
                 break
             name, offset, length = item
+            if len(buffer) < length:
+                buffer = memoryview(bytearray(length))
             done = 0
             try:
-                if name not in descriptors:
-                    descriptors[name] = os.open(name, os.O_RDONLY)
+                if name != opened:
+                    if descriptor >= 0:
+                        os.close(descriptor)
+                    opened, descriptor = name, -1
+                    descriptor = open_regular(name)
                     if exact or request or not all_readers.is_set():
                         # No kernel read-ahead (up to read_ahead_kb, 8 MiB on the H100 host) beyond each
                         # request: a gentle reader keeps one request in flight, no more.
-                        os.posix_fadvise(descriptors[name], 0, 0, os.POSIX_FADV_RANDOM)
-                while done < length:
+                        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
+                while descriptor >= 0 and done < length:
                     step = (request or length) if all_readers.is_set() else gentle
                     step = min(step, length - done)
-                    read = os.preadv(descriptors[name], [buffer[done : done + step]], offset + done)
+                    read = os.preadv(descriptor, [buffer[done : done + step]], offset + done)
                     if read <= 0:
                         break
                     done += read
@@ -109,7 +121,7 @@ def read_ranges(
                 pass
             with lock:
                 total[0] += done
-        for descriptor in descriptors.values():
+        if descriptor >= 0:
             os.close(descriptor)
 
     first = threading.Thread(target=reader, daemon=True)
@@ -122,54 +134,238 @@ def read_ranges(
         thread.start()
     for thread in [first, *others]:
         thread.join()
+    if failed:
+        raise failed[0]
     return total[0]
 
 
-def checkpoint_ranges(paths: list[str], chunk: int = 16 << 20) -> list[tuple[str, int, int]]:
-    """`chunk`-byte ranges of every `*.safetensors` file under `paths` (files or directories, symlinks
-    followed; a hub id is looked up in the Hugging Face cache)."""
+class SkipLines:
+    """Reports what a program in a pod skips: one line per skipped path that says why, behind `prefix` on
+    `stream` (None: sys.stdout), at most `limit` of them (`close` then prints how many more), so that a
+    tree of a million FIFOs writes 21 lines. A name or reason that is not printable (a newline in a file
+    name) is shown escaped: no file name can start a line of its own, such as a forged facts line."""
 
-    def safetensors_under(root: str) -> list[str]:
-        if os.path.isfile(root):
-            return [root]
-        found = []
-        for directory, subdirectories, names in os.walk(root, followlinks=True):
-            subdirectories.sort()
-            found += [
-                os.path.join(directory, name) for name in sorted(names) if name.endswith(".safetensors")
-            ]
-        return found
+    def __init__(self, prefix: str, stream: TextIO | None = None, limit: int = 20) -> None:
+        self.prefix, self.stream, self.limit, self.count = prefix, stream, limit, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, what: str, why: str) -> None:
+        with self.lock:
+            self.count += 1
+            if self.count <= self.limit:
+                what, why = (text if text.isprintable() else ascii(text) for text in (what, why))
+                print(f"{self.prefix}skipped {what}: {why}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.count > self.limit:
+            more = self.count - self.limit
+            print(f"{self.prefix}and {more} more skipped, not listed", file=self.stream, flush=True)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path` (links followed) if it is a regular file; else OSError saying why
+    not. A FIFO would block the open until a writer came, a device reads forever (/dev/zero): neither is
+    opened, and the open itself cannot block (O_NONBLOCK, checked again on the descriptor)."""
+    import stat
+
+    def kind(mode: int) -> str:
+        for test, name in (
+            (stat.S_ISDIR, "a directory"),
+            (stat.S_ISFIFO, "a FIFO"),
+            (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"),
+        ):
+            if test(mode):
+                return f"{name}, not a regular file"
+        return "not a regular file"
+
+    found = os.stat(path)
+    if not stat.S_ISREG(found.st_mode):
+        raise OSError(kind(found.st_mode))
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    opened = os.fstat(descriptor)
+    if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino):
+        os.close(descriptor)
+        raise OSError("replaced while it was opened")
+    return descriptor
+
+
+def walk_files(
+    root: str, skipped: Callable[[str, str], None], max_entries: int = 100_000, max_depth: int = 32
+) -> Iterator[str]:
+    """The paths of everything but directories under directory `root`, in the order of os.walk top-down
+    with sorted names, without following a link to a directory below `root` (`a -> .` would loop, `b -> /`
+    would walk the node): each such link, an unreadable directory, one deeper than `max_depth` and the rest
+    past `max_entries` entries is skipped with a line."""
+    import itertools
+
+    def linked_directory(entry: os.DirEntry) -> bool:
+        try:
+            return entry.is_symlink() and entry.is_dir()
+        except OSError:  # a link loop: its reader says so
+            return False
+
+    entries = 0
+    pending = [(root, 0)]
+    while pending:
+        directory, depth = pending.pop()
+        try:
+            with os.scandir(directory) as scan:
+                found = list(itertools.islice(scan, max_entries - entries + 1))
+        except OSError as error:
+            skipped(directory, error.strerror or str(error))
+            continue
+        full = entries + len(found) > max_entries
+        found = sorted(found[: max_entries - entries], key=lambda entry: entry.name)
+        entries += len(found)
+        subdirectories = []
+        for entry in found:
+            if entry.is_dir(follow_symlinks=False):
+                subdirectories.append(entry.path)
+            elif linked_directory(entry):
+                skipped(entry.path, "a link to a directory, not followed")
+            else:
+                yield entry.path
+        if full:
+            skipped(root, f"more than {max_entries} entries, the rest not read")
+            return
+        for subdirectory in reversed(subdirectories):
+            if depth < max_depth:
+                pending.append((subdirectory, depth + 1))
+            else:
+                skipped(subdirectory, f"more than {max_depth} directories below {root}")
+
+
+def data_segments(descriptor: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The `(start, end)` runs of the file's data within [start, end), its holes left out (a sparse file of
+    a petabyte holds next to none). A file system without SEEK_DATA reports everything as data."""
+    import errno
+
+    position = start
+    while position < end:
+        try:
+            data = os.lseek(descriptor, position, os.SEEK_DATA)
+            hole = os.lseek(descriptor, data, os.SEEK_HOLE)
+        except OSError as error:
+            if error.errno != errno.ENXIO:  # ENXIO: no data from `position` on
+                yield position, end
+            return
+        if data >= end:
+            return
+        yield data, min(hole, end)
+        position = max(hole, data + 1)
+
+
+def checkpoint_ranges(
+    paths: list[str], chunk: int = 16 << 20, skipped: Callable[[str, str], None] = lambda what, why: None
+) -> Iterator[tuple[str, int, int]]:
+    """`chunk`-byte ranges of the data of every `*.safetensors` file under `paths` (files or directories,
+    walked by walk_files; a hub id is looked up in the Hugging Face cache), each file once, generated as
+    they are read. What is not a regular file, or not there, is skipped with a line."""
 
     def hub_cache_dir(model: str) -> str:
         home = os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface"))
         cache = os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
         return os.path.join(cache, "models--" + model.replace("/", "--"), "snapshots")
 
-    files: list[str] = []
+    def safetensors_under(path: str) -> Iterator[str]:
+        if "://" in path:
+            skipped(path, "a URI, not a local path")
+        elif os.path.isdir(path):
+            yield from (name for name in walk_files(path, skipped) if name.endswith(".safetensors"))
+        elif os.path.lexists(path):
+            yield path
+        elif os.path.isdir(hub_cache_dir(path)):
+            yield from safetensors_under(hub_cache_dir(path))
+        else:
+            skipped(path, f"no such file or directory, nor a model in {hub_cache_dir(path)}")
+
+    read = set()
     for path in paths:
-        files += safetensors_under(path if os.path.exists(path) or "://" in path else hub_cache_dir(path))
-    ranges = []
-    for name in dict.fromkeys(files):
-        try:
-            size = os.path.getsize(name)
-        except OSError:
-            continue
-        ranges += [(name, offset, min(chunk, size - offset)) for offset in range(0, size, chunk)]
-    return ranges
+        for name in safetensors_under(path):
+            try:
+                descriptor = open_regular(name)
+            except OSError as error:
+                skipped(name, error.strerror or str(error))
+                continue
+            try:
+                found = os.fstat(descriptor)
+                if (found.st_dev, found.st_ino) in read:
+                    continue  # a second link to a file already read
+                read.add((found.st_dev, found.st_ino))
+                for start, end in data_segments(descriptor, 0, found.st_size):
+                    yield from (
+                        (name, offset, min(chunk, end - offset)) for offset in range(start, end, chunk)
+                    )
+            finally:
+                os.close(descriptor)
 
 
-def listed_ranges(listing: str, chunk: int = 4 << 20) -> list[tuple[str, int, int]]:
+def listed_ranges(
+    listing: str,
+    chunk: int = 4 << 20,
+    skipped: Callable[[str, str], None] = lambda what, why: None,
+    max_lines: int = 1_000_000,
+    max_size: int = 64 << 20,
+    max_bytes: int = 16 << 30,
+) -> Iterator[tuple[str, int, int]]:
     """The `path start end` lines of a page listing (the seed's, from resident_pages) in `chunk`-byte
-    ranges; an absent or unreadable listing is none."""
-    ranges = []
+    ranges, generated as they are read, each clamped to the data its file holds. An absent or unreadable
+    listing is none; a file in it that is not a regular file is skipped; a line that is not an absolute
+    path and two decimals, the first below the second, or one past `max_lines` lines, `max_size` bytes of
+    listing or `max_bytes` listed bytes, ends the listing: each with a line that says why."""
     try:
-        with open(listing, encoding="utf-8") as lines:
-            for line in lines:
-                path, start, end = line.rstrip("\n").rsplit(" ", 2)
-                ranges += [(path, o, min(chunk, int(end) - o)) for o in range(int(start), int(end), chunk)]
-    except (OSError, ValueError):
-        return []
-    return ranges
+        descriptor = open_regular(listing)
+    except OSError as error:
+        skipped(listing, f"no import pages listing ({error.strerror or error})")
+        return
+    current, file, size, listed = "", -1, 0, 0
+    with os.fdopen(descriptor, "rb") as lines:
+        try:
+            for number in range(1, max_lines + 2):
+                line = lines.readline(8192)  # a path is at most 4096 bytes (PATH_MAX)
+                size += len(line)
+                if not line:
+                    return
+                if number > max_lines or size > max_size:
+                    why = (
+                        f"more than {max_lines} lines" if number > max_lines else f"over {max_size >> 20} MiB"
+                    )
+                    skipped(f"{listing} from line {number}", why)
+                    return
+                fields = line.removesuffix(b"\n").rsplit(b" ", 2)
+                valid = line.endswith(b"\n") or len(line) < 8192
+                valid = valid and len(fields) == 3 and fields[0].startswith(b"/") and b"\0" not in fields[0]
+                valid = valid and all(field.isdigit() and len(field) < 20 for field in fields[1:])
+                if not valid or int(fields[1]) >= int(fields[2]):
+                    why = f"not `path start end` ({ascii(line[:80])[1:]})"
+                    skipped(f"{listing} from line {number}", why)
+                    return
+                path, start, end = os.fsdecode(fields[0]), int(fields[1]), int(fields[2])
+                if path != current:
+                    if file >= 0:
+                        os.close(file)
+                    current, file = path, -1
+                    try:
+                        file = open_regular(path)
+                    except OSError as error:
+                        skipped(path, error.strerror or str(error))
+                if file < 0:
+                    continue
+                for data_start, data_end in data_segments(file, start, min(end, os.fstat(file).st_size)):
+                    for offset in range(data_start, data_end, chunk):
+                        length = min(chunk, data_end - offset)
+                        listed += length
+                        if listed > max_bytes:
+                            skipped(
+                                f"{listing} from line {number}", f"more than {max_bytes >> 30} GiB listed"
+                            )
+                            return
+                        yield path, offset, length
+        finally:
+            if file >= 0:
+                os.close(file)
 
 
 def read_ahead(
@@ -179,25 +375,29 @@ def read_ahead(
     gentle: int = 0,
     engine_started: Callable[[], bool] = lambda: True,
     request: int = 0,
+    skipped: Callable[[str, str], None] = lambda what, why: None,
 ) -> int:
     """Read the checkpoint under `paths` (checkpoint_ranges) with `readers` threads, gently until
     `engine_started()` (read_ranges). Returns the bytes read."""
-    return read_ranges(checkpoint_ranges(paths, chunk), readers, gentle, engine_started, request=request)
+    ranges = checkpoint_ranges(paths, chunk, skipped)
+    return read_ranges(ranges, readers, gentle, engine_started, request=request)
 
 
-def files_under(roots: list[str]) -> list[str]:
-    """The regular files under `roots` (files or directories; directory links not followed), each once
-    (by real path), in the roots' order."""
+def files_under(roots: list[str], skipped: Callable[[str, str], None] = lambda what, why: None) -> list[str]:
+    """The regular files under `roots` (files or directories, walked by walk_files), each once (by real
+    path), in the roots' order; anything else (a device, a dangling link) is passed by."""
+    import stat
+
     found: dict[str, None] = {}
     for root in roots:
-        if os.path.isfile(root):
-            found.setdefault(os.path.realpath(root))
-        for directory, subdirectories, names in os.walk(root):
-            subdirectories.sort()
-            for name in sorted(names):
-                path = os.path.realpath(os.path.join(directory, name))
-                if os.path.isfile(path):
-                    found.setdefault(path)
+        for path in walk_files(root, skipped, max_entries=500_000) if os.path.isdir(root) else [root]:
+            real = os.path.realpath(path)
+            try:
+                regular = stat.S_ISREG(os.stat(real).st_mode)
+            except OSError:
+                continue
+            if regular:
+                found.setdefault(real)
     return list(found)
 
 
@@ -217,8 +417,15 @@ def evict_pages(files: list[str]) -> None:
             os.close(descriptor)
 
 
-def resident_pages(files: list[str]) -> list[tuple[str, int, int]]:
-    """`(path, start, end)` for every run of the files' pages that is in the page cache (mincore)."""
+def resident_pages(
+    files: list[str],
+    skipped: Callable[[str, str], None] = lambda what, why: None,
+    max_file: int = 64 << 30,
+    max_runs: int = 1_000_000,
+) -> list[tuple[str, int, int]]:
+    """`(path, start, end)` for every run of the files' pages that is in the page cache (mincore, 1 GiB of
+    a file at a time). A file over `max_file` bytes, and the runs past `max_runs` (as many lines as
+    listed_ranges reads), are skipped with a line."""
     import ctypes
     import mmap
     import re
@@ -236,27 +443,42 @@ def resident_pages(files: list[str]) -> list[tuple[str, int, int]]:
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     failed = ctypes.c_void_p(-1).value
+    window = 1 << 30
     # mincore's byte per page: bit 0 says resident, the other bits are reserved.
     resident_bit = bytes(range(256)).translate(bytes(b & 1 for b in range(256)))
-    runs = []
+    runs: list[tuple[str, int, int]] = []
     for path in files:
         try:
-            descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            descriptor = open_regular(path)
         except OSError:
-            continue
+            continue  # gone since files_under found it
         try:
             size = os.fstat(descriptor).st_size
-            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, 0) if size else None
-            if address in (None, failed):
+            if size > max_file:
+                skipped(path, f"larger than {max_file >> 30} GiB")
                 continue
-            flags = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
-            known = libc.mincore(address, size, flags) == 0
-            libc.munmap(address, size)
+            for start in range(0, size, window):
+                length = min(window, size - start)
+                address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, descriptor, start)
+                if address in (None, failed):
+                    break
+                flags = ctypes.create_string_buffer(-(-length // mmap.PAGESIZE))
+                known = libc.mincore(address, length, flags) == 0
+                libc.munmap(address, length)
+                if not known:
+                    break
+                for run in re.finditer(rb"\x01+", flags.raw.translate(resident_bit)):
+                    begin = start + run.start() * mmap.PAGESIZE
+                    end = min(start + run.end() * mmap.PAGESIZE, size)
+                    if runs and runs[-1][0] == path and runs[-1][2] == begin:
+                        runs[-1] = (path, runs[-1][1], end)  # a run across two windows
+                    elif len(runs) < max_runs:
+                        runs.append((path, begin, end))
+                    else:
+                        skipped(path, f"more than {max_runs} runs of pages in all")
+                        return runs
         finally:
             os.close(descriptor)
-        if known:
-            for run in re.finditer(rb"\x01+", flags.raw.translate(resident_bit)):
-                runs.append((path, run.start() * mmap.PAGESIZE, min(run.end() * mmap.PAGESIZE, size)))
     return runs
 
 
@@ -283,7 +505,7 @@ def script_of_this_python(name: str) -> str | None:
 
     path = shutil.which(name)
     try:
-        with open(path or "", "rb") as script:
+        with os.fdopen(open_regular(path or ""), "rb") as script:
             line = script.readline(1024)
     except OSError:
         return None
@@ -329,20 +551,28 @@ def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None
     runpy.run_path(script, run_name="__main__")
 
 
+# The reader's functions, as READ_AHEAD_PROGRAM embeds them (bench/readahead/contention.py runs them too).
+READER_FUNCTIONS = (
+    read_ranges,
+    SkipLines,
+    open_regular,
+    walk_files,
+    data_segments,
+    checkpoint_ranges,
+    listed_ranges,
+    read_ahead,
+)
+# What the reader process may map (RLIMIT_AS): its memory counts against the container vLLM runs in. It needs
+# ~0.8 GiB of address space at most (eight threads' stacks, malloc arenas and 16 MiB buffers); past the
+# limit it stops with a line instead of growing.
+READER_ADDRESS_SPACE = 2 << 30
 READ_AHEAD_PROGRAM = (
     "from __future__ import annotations\n\nimport os, sys, threading, time\n\n\n"
     + "\n\n".join(
         inspect.getsource(f)
-        for f in (
-            read_ranges,
-            checkpoint_ranges,
-            listed_ranges,
-            read_ahead,
-            server_has_child,
-            script_of_this_python,
-            run_with_deferred_gc,
-        )
+        for f in (*READER_FUNCTIONS, server_has_child, script_of_this_python, run_with_deferred_gc)
     )
+    + f"\nREADER_ADDRESS_SPACE = {READER_ADDRESS_SPACE}\n"
     + """
 
 arguments = sys.argv[1:]
@@ -357,9 +587,16 @@ paths = options
 server = os.getpid()
 reader = os.fork()
 if reader == 0:
-    # The reader: out of the imports' way on the CPU, gone with the server's process group.
+    # The reader: out of the imports' way on the CPU, gone with the server's process group, within its
+    # address space whatever the tree holds.
+    import resource
+
     os.nice(10)
+    _, most = resource.getrlimit(resource.RLIMIT_AS)
+    space = READER_ADDRESS_SPACE if most == resource.RLIM_INFINITY else min(most, READER_ADDRESS_SPACE)
+    resource.setrlimit(resource.RLIMIT_AS, (space, most))
     began, widened = time.monotonic(), []
+    skipped = SkipLines("stoker read-ahead: ", sys.stderr)
 
     def engine_started():
         if server_has_child(server, os.getpid()):
@@ -368,14 +605,18 @@ if reader == 0:
 
     try:
         if pages:
-            read = read_ranges(listed_ranges(pages), exact=True, request=request)
+            read = read_ranges(listed_ranges(pages, skipped=skipped), exact=True, request=request)
             seconds = time.monotonic() - began
             pages_line = f"stoker read-ahead: {read} bytes of the imports' pages in {seconds:.1f} s"
             print(pages_line, file=sys.stderr, flush=True)
-        read = read_ahead(paths, gentle=gentle, engine_started=engine_started, request=request)
+        reading = {"engine_started": engine_started, "request": request, "skipped": skipped}
+        read = read_ahead(paths, gentle=gentle, **reading)
         how = f"all readers from {widened[0]:.1f} s" if widened else "one reader" if gentle else "all readers"
         seconds = time.monotonic() - began
+        skipped.close()
         print(f"stoker read-ahead: {read} bytes in {seconds:.1f} s, {how}", file=sys.stderr, flush=True)
+    except BaseException as error:
+        print(f"stoker read-ahead: stopped ({error!r:.200})", file=sys.stderr, flush=True)
     finally:
         os._exit(0)
 script = script_of_this_python(command[0]) if settings["--gc"] == "deferred" else None

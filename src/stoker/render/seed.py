@@ -7,7 +7,7 @@ import inspect
 
 from stoker.api import VLLMService
 from stoker.engines import EngineFlags
-from stoker.predict.facts import FACTS_LOG_PREFIX, read_model_facts
+from stoker.predict.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, read_model_facts
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
 from stoker.render.engine import PORT, EngineInvocation, engine_invocation
 from stoker.render.names import (
@@ -20,11 +20,14 @@ from stoker.render.names import (
 )
 from stoker.render.pods import HEALTH_PATH, pod_metadata, pod_spec
 from stoker.render.prefetch import (
+    SkipLines,
     evict_pages,
     files_under,
     import_pages_listing,
+    open_regular,
     resident_pages,
     server_has_child,
+    walk_files,
 )
 
 SEED_BACKOFF_LIMIT = 1
@@ -40,12 +43,20 @@ SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
 # Once healthy, the seed prints the model's facts on one `stoker-model-facts: {json}` line, which the
 # operator reads with the rest of the seed's log. read_model_facts is embedded verbatim, so the vLLM image
 # needs no stoker. It reads the directory the engine read: the model path as given or, for a hub id, the
-# local Hugging Face cache snapshot; nothing for a streamer URI or a model it cannot read.
+# local Hugging Face cache snapshot; nothing for a streamer URI or a model it cannot read. It reads in a
+# thread of its own for at most FACTS_SECONDS: a file that blocks it (on a hung volume) leaves the seed to
+# finish without facts. A line longer than the operator parses (MAX_FACTS_LINE_LENGTH) is not printed.
+FACTS_SECONDS = 30
 SEED_MODEL_FACTS = (
     "from __future__ import annotations\n\n"
-    "import json, os, signal, subprocess, sys, threading, time, urllib.request\n\n\n"
-    + inspect.getsource(read_model_facts)
+    "import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request\n\n\n"
+    + "\n\n".join(inspect.getsource(f) for f in (SkipLines, read_model_facts))
     + f"""
+
+# What the seed passes by, one line each: stdout, with the rest of the seed's lines.
+skipped = SkipLines("stoker-seed: ")
+atexit.register(skipped.close)
+
 
 def local_model_dir(argv):
     model = argv[argv.index("serve") + 1]
@@ -60,13 +71,28 @@ def local_model_dir(argv):
     return snapshot_download(model, revision=revision, local_files_only=True)
 
 
-def print_model_facts(argv):
+def model_facts_line(argv):
     try:
         model_dir = local_model_dir(argv)
-        if model_dir:
-            print({FACTS_LOG_PREFIX!r} + json.dumps(read_model_facts(model_dir), sort_keys=True), flush=True)
+        if not model_dir:
+            return None
+        document = json.dumps(read_model_facts(model_dir, skipped), sort_keys=True)
     except Exception as error:
-        print(f"stoker-seed: no model facts ({{error!r}})", flush=True)
+        return f"stoker-seed: no model facts ({{error!r:.300}})"
+    if len(document) > {MAX_FACTS_LINE_LENGTH}:
+        why = f"their line would hold {{len(document)}} characters, over {MAX_FACTS_LINE_LENGTH}"
+        return f"stoker-seed: no model facts ({{why}})"
+    return {FACTS_LOG_PREFIX!r} + document
+
+
+def print_model_facts(argv, seconds={FACTS_SECONDS}):
+    found = []
+    reading = threading.Thread(target=lambda: found.append(model_facts_line(argv)), daemon=True)
+    reading.start()
+    reading.join(seconds)
+    line = found[0] if found else f"stoker-seed: no model facts (still reading after {{seconds}} s)"
+    if line:
+        print(line, flush=True)
 """
 )
 
@@ -80,13 +106,16 @@ def print_model_facts(argv):
 SEED_WRAPPER = (
     SEED_MODEL_FACTS
     + "\n\n"
-    + "\n\n".join(inspect.getsource(f) for f in (server_has_child, files_under, evict_pages, resident_pages))
+    + "\n\n".join(
+        inspect.getsource(f)
+        for f in (open_regular, walk_files, server_has_child, files_under, evict_pages, resident_pages)
+    )
     + f"""
 
 listing, argv = sys.argv[2], sys.argv[sys.argv.index("--") + 1 :]  # --pages LISTING -- vllm serve ...
 # The image's Python files start out of the page cache, so that what is in it when the engine process starts
 # is what a cold start reads, even on a node that has just pulled the image.
-image_files = files_under([path for path in sys.path if os.path.isdir(path)])
+image_files = files_under([path for path in sys.path if os.path.isdir(path)], skipped)
 evict_pages(image_files)
 server = subprocess.Popen(argv)
 
@@ -100,15 +129,18 @@ def record_import_pages(listing):
         with open(f"/proc/{{server.pid}}/maps") as maps:
             fields = [line.split() for line in maps]
         mapped = [found[5] for found in fields if len(found) > 5 and found[5].startswith("/")]
-        pages = resident_pages(list(dict.fromkeys(files_under(mapped) + image_files)))
+        files = list(dict.fromkeys(files_under(mapped) + image_files))
+        for path in [path for path in files if "\\n" in path]:
+            skipped(path, "a newline in its name, which a listing line cannot hold")
+        pages = resident_pages([path for path in files if "\\n" not in path], skipped)
         os.makedirs(os.path.dirname(listing), exist_ok=True)
-        with open(listing + ".part", "w") as out:
-            out.writelines(f"{{path}} {{start}} {{end}}\\n" for path, start, end in pages)
+        with open(listing + ".part", "wb") as out:
+            out.writelines(b"%s %d %d\\n" % (os.fsencode(path), start, end) for path, start, end in pages)
         os.replace(listing + ".part", listing)
         size = sum(end - start for _, start, end in pages)
         print(f"stoker-seed: recorded {{size}} bytes of the imports' pages in {{listing}}", flush=True)
-    except OSError as error:
-        print(f"stoker-seed: no import pages recorded ({{error}})", flush=True)
+    except Exception as error:
+        print(f"stoker-seed: no import pages recorded ({{error!r:.300}})", flush=True)
 
 
 threading.Thread(target=record_import_pages, args=(listing,), daemon=True).start()
