@@ -119,7 +119,7 @@ def test_a_start_is_kept_once_under_its_namespace_and_refits_its_predictions() -
         list(write.changes) == [starts_key(H100, "ns")] == ["NVIDIA-H100-80GB-HBM3_x1_v0.26.ns.starts.json"]
     )
     data = recorded({}, "ns", start("ns/pod-a#0", 40.0))
-    assert [o.label for o in read_class(data, H100).by_namespace["ns"].observations] == ["ns/pod-a#0"]
+    assert [o.label for o in read_class(data, H100)["ns"].observations] == ["ns/pod-a#0"]
     coefficients = namespace_coefficients(data, H100, "ns", PRIOR)
     assert coefficients is not None and coefficients.source == "fleet" and coefficients.hardware == H100.key
     before = predict(FACTS, SERVING, PRIOR).phases["weightLoad"]
@@ -132,7 +132,7 @@ def test_a_start_is_kept_once_under_its_namespace_and_refits_its_predictions() -
 def test_the_newest_starts_of_a_namespace_are_kept() -> None:
     starts = [start(f"ns/pod-{index}#0", 30.0) for index in range(5)]
     data = recorded({}, "ns", *starts, limit=3)
-    kept = read_class(data, H100).by_namespace["ns"].observations
+    kept = read_class(data, H100)["ns"].observations
     assert [o.label for o in kept] == ["ns/pod-2#0", "ns/pod-3#0", "ns/pod-4#0"]
 
 
@@ -142,16 +142,13 @@ def test_a_garbled_entry_is_reported_and_replaced_and_the_others_are_left_alone(
         starts_key(H100, "other"): "garbled too, not ns's business",
         "someone-elses.json": "kept as it is",
     }
-    assert read_class(data, H100).garbled == {
-        "ns": starts_key(H100, "ns"),
-        "other": starts_key(H100, "other"),
-    }
+    assert read_class(data, H100) == {}
     write = with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), PRIOR, limit=10, now=1000.0)
     assert write.garbled == [starts_key(H100, "ns")]
     assert set(write.changes) == {starts_key(H100, "ns")}
-    repaired = read_class(recorded(data, "ns", start("ns/pod-a#0", 40.0)), H100)
-    assert repaired.garbled == {"other": starts_key(H100, "other")}
-    assert [o.label for o in repaired.by_namespace["ns"].observations] == ["ns/pod-a#0"]
+    repaired = recorded(data, "ns", start("ns/pod-a#0", 40.0))
+    assert repaired[starts_key(H100, "other")] == data[starts_key(H100, "other")]
+    assert [o.label for o in read_class(repaired, H100)["ns"].observations] == ["ns/pod-a#0"]
     # Predictions go on without the garbled entries.
     assert namespace_coefficients(data, H100, "ns", PRIOR) == PRIOR
 
@@ -182,5 +179,5 @@ def test_without_a_prior_a_namespace_fits_its_own_starts_and_others_get_none() -
 def test_a_limit_above_what_an_entry_holds_keeps_what_it_holds() -> None:
     starts = [start(f"ns/pod-{index}#0", 30.0) for index in range(MAX_NAMESPACE_STARTS + 3)]
     data = recorded({}, "ns", *starts, limit=1000)
-    kept = read_class(data, H100).by_namespace["ns"].observations
+    kept = read_class(data, H100)["ns"].observations
     assert len(kept) == MAX_NAMESPACE_STARTS and kept[-1].label == starts[-1].label

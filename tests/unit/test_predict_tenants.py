@@ -301,7 +301,7 @@ def test_one_namespace_cannot_fill_the_configmap_for_the_others() -> None:
     assert all(len(text.encode()) <= ENTRY_BYTES for text in store.data.values())
     assert store.data[starts_key(H100, "a")] == a_entry  # a's starts were never evicted
     assert store.record("a", honest("a/pod#1")) is None  # and a's writes still go in
-    assert [o.label for o in read_class(store.data, H100).by_namespace["a"].observations] == [
+    assert [o.label for o in read_class(store.data, H100)["a"].observations] == [
         "a/pod#0",
         "a/pod#1",
     ]
@@ -314,11 +314,11 @@ def test_a_full_configmap_gives_up_the_entries_of_the_namespace_holding_most() -
         for index in range(10):
             store.record(namespace, honest(f"{namespace}/{'x' * 250}-{index}#0"))
         assert store.size() <= STORE_BYTES
-    kept = read_class(store.data, H100).by_namespace
+    kept = read_class(store.data, H100)
     # Everyone holds as much: the least recently written ones went first, and only as many as needed.
     assert set(kept) == set(namespaces[-len(kept) :]) and 50 < len(kept) < 100
     assert all(len(entry.observations) == 10 for entry in kept.values())
     # A namespace with one start is not evicted for the namespaces with more: they give up theirs first.
     store.record("small", honest("small/pod#0"))
     store.record(namespaces[-1], honest(f"{namespaces[-1]}/more#0"))
-    assert "small" in read_class(store.data, H100).by_namespace
+    assert "small" in read_class(store.data, H100)

@@ -134,17 +134,10 @@ def _class_prefix(hardware: HardwareClass) -> str:
     return f"{_CONFIGMAP_KEY_UNSAFE.sub('_', hardware.key)}."
 
 
-@dataclass
-class ClassStarts:
-    """One hardware class's entries: each namespace's starts, and the keys that did not parse (each is
+def read_class(data: Mapping[str, str], hardware: HardwareClass) -> dict[str, NamespaceStarts]:
+    """Each namespace's starts on `hardware`; an entry that does not parse counts as none (it is
     replaced at its namespace's next write, or evicted first when the ConfigMap is full)."""
-
-    by_namespace: dict[str, NamespaceStarts] = field(default_factory=dict)
-    garbled: dict[str, str] = field(default_factory=dict)  # namespace -> key
-
-
-def read_class(data: Mapping[str, str], hardware: HardwareClass) -> ClassStarts:
-    found = ClassStarts()
+    found: dict[str, NamespaceStarts] = {}
     prefix = _class_prefix(hardware)
     for key, text in data.items():
         if not key.startswith(prefix) or not key.endswith(_STARTS_SUFFIX):
@@ -153,9 +146,9 @@ def read_class(data: Mapping[str, str], hardware: HardwareClass) -> ClassStarts:
         if "." in namespace:  # another class whose key extends this one's
             continue
         try:
-            found.by_namespace[namespace] = NamespaceStarts.model_validate_json(text)
+            found[namespace] = NamespaceStarts.model_validate_json(text)
         except ValidationError:
-            found.garbled[namespace] = key
+            continue
     return found
 
 
@@ -204,10 +197,10 @@ def namespace_coefficients(
     """The coefficients `namespace`'s starts on `hardware` are predicted with: its own (`own_coefficients`)
     scaled by the other namespaces' `fleet_correction`."""
     starts = read_class(data, hardware)
-    base = own_coefficients(starts.by_namespace.get(namespace), hardware, prior)
+    base = own_coefficients(starts.get(namespace), hardware, prior)
     if base is None:
         return None
-    others = [entry for name, entry in sorted(starts.by_namespace.items()) if name != namespace]
+    others = [entry for name, entry in sorted(starts.items()) if name != namespace]
     correction = fleet_correction(base, others)
     if correction == 1.0:
         return base
