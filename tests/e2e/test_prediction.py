@@ -16,9 +16,9 @@ from stoker.phases import parse_log
 from stoker.predict.fleet import (
     SLOW_START_FRACTION,
     SLOW_START_SECONDS,
-    coefficients_key,
-    observations_key,
-    read_fleet,
+    namespace_coefficients,
+    read_class,
+    starts_key,
 )
 from stoker.predict.model import CoefficientSet, HardwareClass, ModelFacts, Observation
 from stoker.predict.predictor import predict
@@ -72,6 +72,11 @@ def fleet(kubectl) -> dict[str, str]:
     return dict(configmap.get("data") or {})
 
 
+def coefficients_of(kubectl, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
+    """What the operator predicts `namespace`'s starts on `hardware` with, from the ConfigMap as it is."""
+    return namespace_coefficients(fleet(kubectl), hardware, namespace, shipped_coefficients(hardware))
+
+
 def events(kubectl, namespace: str) -> list[dict]:
     about = "involvedObject.name=predicted"
     return list(
@@ -104,11 +109,11 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     assert "EXPECTED(S)" in table and f"{expected:.2f}".rstrip("0").rstrip(".") in table, table
     # The seed's own start is the first observation of this hardware class.
     seed_pod = status["seed"]["pod"]
-    observed = json.loads(fleet(kubectl)[observations_key(HARDWARE)])
-    assert any(seed_pod in entry["label"] for entry in observed)
-    # A hand edit garbles this class's observations (predictions keep using its coefficients meanwhile);
-    # a key of another class is not stoker's business here.
-    garbled = {observations_key(HARDWARE): "[{not json", "someone-elses.json": "left as it is"}
+    observed = read_class(fleet(kubectl), HARDWARE)[namespace].observations
+    assert any(seed_pod in (entry.label or "") for entry in observed)
+    # A hand edit garbles this namespace's starts of the class (predictions go on from the shipped set
+    # meanwhile); a key of another kind is not stoker's business here.
+    garbled = {starts_key(HARDWARE, namespace): "[{not json", "someone-elses.json": "left as it is"}
     kubectl(
         "-n", CONFIGMAP_NAMESPACE, "patch", *CONFIGMAP, "--type=merge", "-p", json.dumps({"data": garbled})
     )
@@ -143,20 +148,19 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
         recorded.total_seconds + delay, abs=0.05
     )
 
-    # The serving start was observed and refitted its class from the shipped prior (the garbled
-    # observations were replaced by it alone): its weight load is now predicted closer to what was
+    # The serving start was observed and refitted this namespace's coefficients from the shipped prior
+    # (the garbled starts were replaced by it alone): its weight load is now predicted closer to what was
     # observed than by the prior.
-    def refitted():
-        data = fleet(kubectl)
-        entries = json.loads(data.get(observations_key(HARDWARE), "[]"))
-        mine = [Observation.model_validate(e) for e in entries if pod in e["label"]]
-        return (
-            (mine[0], CoefficientSet.model_validate_json(data[coefficients_key(HARDWARE)])) if mine else None
-        )
+    def refitted() -> tuple[Observation, CoefficientSet] | None:
+        entry = read_class(fleet(kubectl), HARDWARE).get(namespace)
+        mine = [o for o in (entry.observations if entry else []) if pod in (o.label or "")]
+        coefficients = coefficients_of(kubectl, namespace, HARDWARE)
+        return (mine[0], coefficients) if mine and coefficients else None
 
     observation, coefficients_after = wait_for(refitted, what="the serving start in the ConfigMap")
     assert coefficients_after.source == "fleet"
-    assert [o.label for o in read_fleet(fleet(kubectl), HARDWARE).observations] == [observation.label]
+    kept = read_class(fleet(kubectl), HARDWARE)[namespace].observations
+    assert [o.label for o in kept] == [observation.label]
     seen = observation.phases["weightLoad"]
     prior = shipped_coefficients(HARDWARE)
     old = predict(observation.facts, observation.settings, prior).phases["weightLoad"]
@@ -173,7 +177,7 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     assert after["source"] == "fleet"
     # The garbled key was reported and replaced; the other key is as it was.
     garbling = [e for e in events(kubectl, namespace) if e["reason"] == "StartupCoefficientsGarbled"]
-    assert garbling and all(observations_key(HARDWARE) in e["message"] for e in garbling)
+    assert garbling and all(starts_key(HARDWARE, namespace) in e["message"] for e in garbling)
     assert fleet(kubectl)["someone-elses.json"] == "left as it is"
 
     metrics = operator.metrics()
@@ -187,8 +191,8 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     operator.start()
     total = re.escape(f"stoker_startup_expected_seconds{{{series}}} {float(after['totalSeconds'])}")
     wait_for(lambda: re.search(total, operator.metrics()), what="the restarted operator's prediction")
-    kept = CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(HARDWARE)])
-    assert kept == coefficients_after and startup()["expected"] == after
+    assert coefficients_of(kubectl, namespace, HARDWARE) == coefficients_after
+    assert startup()["expected"] == after
 
 
 def test_a_reused_cache_brings_the_model_facts_of_its_seed(namespace, kubectl, operator, tmp_path):
@@ -242,12 +246,8 @@ def test_a_hub_snapshot_without_weights_takes_them_from_the_seed_log(namespace, 
 
     # Predicted from the log's bytes: weight loading costs more than the loader's intercept alone.
     expected = status["expected"]
-    used = HardwareClass.from_key(expected["coefficients"])
-    coefficients = (
-        CoefficientSet.model_validate_json(fleet(kubectl)[coefficients_key(used)])
-        if expected["source"] == "fleet"
-        else shipped_coefficients(used)
-    )
+    coefficients = coefficients_of(kubectl, namespace, HardwareClass.from_key(expected["hardware"]))
+    assert coefficients is not None
     settings = service_settings(VLLMService.model_validate(svc), expected["cacheState"])
     facts = ModelFacts.model_validate(status["model"])
     intercept_alone = predict(facts.model_copy(update={"checkpoint_bytes": 0}), settings, coefficients)
