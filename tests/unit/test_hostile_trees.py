@@ -26,6 +26,7 @@ import yaml
 from stoker.api import KIND, VLLMService
 from stoker.predict.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, parse_facts_line
 from stoker.render import render_children
+from tests.unit.test_seed_facts import CONFIG
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pvc-weights.yaml"
 MiB = 1 << 20
@@ -458,16 +459,6 @@ def test_the_read_ahead_finishes_on_a_hostile_tree_and_says_why_it_skipped(
 
 
 # --- the seed --------------------------------------------------------------------------------------------
-
-CONFIG = {
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "torch_dtype": "bfloat16",
-}
 
 
 @dataclass
