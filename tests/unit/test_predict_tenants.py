@@ -20,7 +20,7 @@ from stoker.predict import (
     predict,
     shipped_coefficients,
 )
-from stoker.predict.facts import MAX_FACTS_LINE_LENGTH
+from stoker.predict.facts import MAX_FACTS_LINE_LENGTH, with_logged_weights
 from stoker.predict.fleet import (
     ENTRY_BYTES,
     FLEET_INFLUENCE,
@@ -30,7 +30,7 @@ from stoker.predict.fleet import (
     starts_key,
     with_observation,
 )
-from stoker.predict.model import MAX_PHASE_SECONDS, CoefficientSet
+from stoker.predict.model import MAX_CHECKPOINT_BYTES, MAX_PHASE_SECONDS, CoefficientSet
 from stoker.predict.predictor import fit
 
 H100 = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.26")
@@ -125,6 +125,13 @@ def test_a_facts_line_longer_than_any_is_refused_before_it_is_parsed() -> None:
         parse_facts_line(line)
     assert len(str(raised.value)) < 300
     assert parse_facts_line(FACTS_LOG_PREFIX + json.dumps(FACTS_JSON)) == FACTS
+
+
+def test_weights_a_seed_log_claims_beyond_any_checkpoint_are_not_taken() -> None:
+    without = FACTS.model_copy(update={"checkpoint_bytes": 0})
+    assert with_logged_weights(without, 16 << 30, 2).checkpoint_bytes == 32 << 30
+    assert with_logged_weights(without, MAX_CHECKPOINT_BYTES, 2) == without
+    assert with_logged_weights(without, 10**30, 1) == without
 
 
 @pytest.mark.parametrize(

@@ -184,16 +184,15 @@ def with_logged_weights(
 
     The seed loads dummy weights, so a hub model's local snapshot has only config and tokenizer; the
     weights the engine allocated anyway are the model's size in its dtype, each worker holding its
-    tensor-parallel share.
+    tensor-parallel share. A logged size beyond a checkpoint's physical range (the log is the tenant's
+    pod's) is not taken: the facts stay as the directory gave them.
     """
-    if facts.checkpoint_bytes or not worker_weight_bytes:
+    from stoker.predict.model import MAX_CHECKPOINT_BYTES
+
+    logged = (worker_weight_bytes or 0) * tensor_parallel
+    if facts.checkpoint_bytes or not 0 < logged <= MAX_CHECKPOINT_BYTES:
         return facts
-    return facts.model_copy(
-        update={
-            "checkpoint_bytes": worker_weight_bytes * tensor_parallel,
-            "checkpoint_bytes_source": "seedLog",
-        }
-    )
+    return facts.model_copy(update={"checkpoint_bytes": logged, "checkpoint_bytes_source": "seedLog"})
 
 
 def parse_facts_line(line: str) -> ModelFacts | None:
