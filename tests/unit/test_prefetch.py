@@ -272,7 +272,10 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None
     assert lines[2].startswith(f"stoker read-ahead: {(4 << 20) + 1} bytes in ")
 
 
-def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", [False, True], ids=["", "over-a-planted-fifo"])
+def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(
+    tmp_path: Path, planted: bool
+) -> None:
     site = tmp_path / "site"
     site.mkdir()
     module = site / "engine_module.py"
@@ -283,6 +286,9 @@ def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(t
         unused.flush()
         os.fsync(unused.fileno())
     listing = tmp_path / "cache" / "stoker" / "import-pages-0123456789"
+    if planted:  # where the seed writes the listing before it moves it in place: an open would block
+        listing.parent.mkdir(parents=True)
+        os.mkfifo(f"{listing}.part")
     # The server imports, then starts its "engine process", then waits for the listing and fails (it never
     # answers /health, so the wrapper exits with its code).
     server = f"""

@@ -562,9 +562,9 @@ READER_FUNCTIONS = (
     listed_ranges,
     read_ahead,
 )
-# What the reader process may map (RLIMIT_AS): its memory counts against the container vLLM runs in. It needs
-# ~0.8 GiB of address space at most (eight threads' stacks, malloc arenas and 16 MiB buffers); past the
-# limit it stops with a line instead of growing.
+# What the reader process may map (RLIMIT_AS) beyond what it was forked with: its memory counts against the
+# container vLLM runs in. It needs ~0.8 GiB at most (eight threads' stacks, malloc arenas and 16 MiB
+# buffers); past the limit it stops with a line instead of growing.
 READER_ADDRESS_SPACE = 2 << 30
 READ_AHEAD_PROGRAM = (
     "from __future__ import annotations\n\nimport os, sys, threading, time\n\n\n"
@@ -592,8 +592,11 @@ if reader == 0:
     import resource
 
     os.nice(10)
+    with open("/proc/self/statm") as statm:
+        space = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + READER_ADDRESS_SPACE
     _, most = resource.getrlimit(resource.RLIMIT_AS)
-    space = READER_ADDRESS_SPACE if most == resource.RLIM_INFINITY else min(most, READER_ADDRESS_SPACE)
+    if most != resource.RLIM_INFINITY:
+        space = min(space, most)
     resource.setrlimit(resource.RLIMIT_AS, (space, most))
     began, widened = time.monotonic(), []
     skipped = SkipLines("stoker read-ahead: ", sys.stderr)

@@ -134,7 +134,9 @@ def record_import_pages(listing):
             skipped(path, "a newline in its name, which a listing line cannot hold")
         pages = resident_pages([path for path in files if "\\n" not in path], skipped)
         os.makedirs(os.path.dirname(listing), exist_ok=True)
-        with open(listing + ".part", "wb") as out:
+        if os.path.lexists(listing + ".part"):
+            os.unlink(listing + ".part")  # a FIFO there would block the open, a link would lead elsewhere
+        with os.fdopen(os.open(listing + ".part", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
             out.writelines(b"%s %d %d\\n" % (os.fsencode(path), start, end) for path, start, end in pages)
         os.replace(listing + ".part", listing)
         size = sum(end - start for _, start, end in pages)
