@@ -15,6 +15,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+from urllib3 import Retry
 
 from stoker import __version__
 from stoker.api import GROUP, KIND, PLURAL, VERSION
@@ -26,11 +27,17 @@ Manifest = dict[str, Any]
 
 
 def load_config() -> None:
-    """In a pod, the service account; elsewhere, $KUBECONFIG or ~/.kube/config."""
+    """In a pod, the service account; elsewhere, $KUBECONFIG or ~/.kube/config.
+
+    A refused connection is not retried here (urllib3 would retry it thrice at once, a warning each): the
+    work queue retries with backoff, the Lease every retry period."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = Retry(total=1, connect=0)  # one retry of a read on a connection closed under it
+    client.Configuration.set_default(configuration)
 
 
 class LeaseLost(Exception):

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+import urllib3
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
@@ -46,7 +47,13 @@ class _TermElection(leaderelection.LeaderElection):
 
     def try_acquire_or_renew(self) -> bool:
         began = time.monotonic()
-        held = bool(super().try_acquire_or_renew())
+        try:
+            held = bool(super().try_acquire_or_renew())
+        except urllib3.exceptions.HTTPError as error:
+            # The lock catches the API's answers, not a connection refused: without this, an API server
+            # outage would end the campaign of every replica, a follower's too.
+            log.debug("Lease attempt failed: %s", error)
+            return False
         if held:
             self._renewed_at = began
         return held
