@@ -994,6 +994,10 @@ class CacheStatus(_StatusModel):
     key: str | None = Field(default=None, description="Compile-cache key of the current spec.")
     seeded_key: str | None = Field(default=None, description="Key the last successful seed Job filled.")
     seeded_at: datetime | None = Field(default=None, description="When that seed Job succeeded.")
+    claim_uid: str | None = Field(
+        default=None,
+        description="uid of the cache claim that seed filled: a claim re-created since is seeded again.",
+    )
     last_hit: bool | None = Field(
         default=None, description="Whether the last serving start loaded its graphs from the cache."
     )

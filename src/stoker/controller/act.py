@@ -47,11 +47,14 @@ class Actor:
         self._secrets: dict[tuple[str, str, str], str] = {}
         self._guard = threading.Lock()
 
-    def write_children(self, body: Manifest, plan: ChildrenPlan) -> Outcome:
+    def write_children(
+        self, body: Manifest, plan: ChildrenPlan, live: dict[tuple[str, str], Manifest | None]
+    ) -> Outcome:
         """Create, apply and delete as planned; refused writes are collected, not raised (the status says
-        them, the queue backs off). Raises InTheWay if the control Secret's name is taken."""
+        them, the queue backs off). Returns the `live` children as they are after the writes. Raises
+        InTheWay if the control Secret's name is taken."""
         namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
-        written_children: dict[tuple[str, str], Manifest | None] = {}
+        written_children = dict(live)
         apply_errors: list[str] = []
         claim_uid: str | None = None
         for write in plan.writes:
@@ -60,8 +63,9 @@ class Actor:
                 child["metadata"]["annotations"][SEED_CLAIM_UID_ANNOTATION] = claim_uid
             try:
                 written = self._write(child, write.current, uid)
-                if write.release_owner and written is not None:
-                    written = self.kube.patch_json("v1", kind, namespace, name, release(written, uid))
+                letting_go = release(written, uid) if write.release_owner and written is not None else []
+                if letting_go:  # the apply may have dropped the reference it once applied itself
+                    written = self.kube.patch_json("v1", kind, namespace, name, letting_go)
             except ApiException as error:
                 if error.status == 409 and write.current is None:
                     self._in_the_way(child)

@@ -225,6 +225,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
 
     deployment = snap.children.get(("Deployment", deployment_name(svc.name)))
     facts = reused_facts or _facts_of_key(status, short_key)
+    retain = compile_cache.retention_policy == "Retain" and snap.signing_key is not None
     for child in rendered:
         kind, name = child["kind"], child["metadata"]["name"]
         # A Job's pod template is immutable and its name carries the key: create it once, never update.
@@ -239,7 +240,9 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if kind == "Job" and claim_uid is not None:
             child["metadata"].setdefault("annotations", {})[SEED_CLAIM_UID_ANNOTATION] = claim_uid
         is_cache_claim = kind == "PersistentVolumeClaim" and name == claim_name
-        release_owner = False
+        # Kept on delete (and a key to sign with): the claim lets go of its owner reference once signed,
+        # so that a later VLLMService of this name can prove the claim is stoker's.
+        retained = is_cache_claim and retain and current is not None
         if is_cache_claim and current is not None and snap.signing_key is not None:
             annotations = child["metadata"]["annotations"]
             annotations[CACHE_CLAIM_SIGNATURE_ANNOTATION] = cache_claim_signature(snap.signing_key, current)
@@ -250,12 +253,10 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
                 annotations[SEEDED_SIGNATURE_ANNOTATION] = seeded_signature(
                     snap.signing_key, current, key, facts
                 )
-            # Kept on delete: it lets go of its owner reference once signed, so that a later VLLMService
-            # of this name can prove the claim is stoker's.
-            release_owner = compile_cache.retention_policy == "Retain" and owned_by(current, uid)
-        if not is_cache_claim or current is None or (owned_by(current, uid) and not release_owner):
-            # A cache claim too is created with an owner reference, whatever its retention: until it is
-            # signed, the reference is what makes it stoker's.
+        release_owner = retained and current is not None and owned_by(current, uid)
+        if not retained:
+            # A cache claim too is created with an owner reference: until it is signed, the reference is
+            # what makes it stoker's.
             kopf.append_owner_reference(child, owner=kopf.Body(snap.body))  # type: ignore[arg-type]
         if is_cache_claim and current is None:
             plan.recheck_after = 0.0  # sign it (and let go of it, under Retain) as soon as it exists
@@ -293,7 +294,8 @@ def _facts_of_key(status: Manifest, short_key: str) -> str | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What acting on a ChildrenPlan did: the children as written (or as they were), refused writes."""
+    """What acting on a ChildrenPlan did: every child as written, or as observed if not written; the
+    refused writes."""
 
     children: dict[tuple[str, str], Manifest | None]
     apply_errors: list[str]

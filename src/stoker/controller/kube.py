@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -24,6 +26,9 @@ from stoker.controller.ownership import apply_ownership_patch
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
+
+EVENT_AGGREGATION_SECONDS = 600.0  # as the kubelet's event correlator: a repeat within this counts
+EVENT_MEMORY = 4096  # Events remembered for aggregation at most; the oldest is forgotten first
 
 
 def load_config() -> None:
@@ -59,6 +64,9 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.api_client)
         self.field_manager = field_manager
         self.fence: Callable[[], None] | None = None
+        # (namespace, object uid, reason, message) -> (Event name, count, first posted): aggregation.
+        self._events: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+        self._events_guard = threading.Lock()
 
     def _fenced(self) -> None:
         if self.fence is not None:
@@ -229,28 +237,53 @@ class Kube:
         return [self.api_client.sanitize_for_serialization(event) for event in events.items]
 
     def post_event(self, owner: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
+        """Post an Event about `owner`; the same reason and message again within EVENT_AGGREGATION_SECONDS
+        raise the first one's count instead, as the kubelet's event correlator does, so a retrying object
+        never floods its namespace. Best effort: a refused Event never fails a reconcile."""
         self._fenced()
         meta = owner["metadata"]
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "stoker"},
-            "reportingComponent": "stoker",
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        message = message[:1024]
+        same = (meta["namespace"], str(meta.get("uid")), reason, message)
+        with self._events_guard:
+            seen = self._events.get(same)
         try:
-            self.core.create_namespaced_event(meta["namespace"], cast(Any, event))
-        except ApiException as error:  # an event is best effort: never fail a reconcile for it
+            if seen is not None and time.monotonic() - seen[2] < EVENT_AGGREGATION_SECONDS:
+                name, count = seen[0], seen[1] + 1
+                try:
+                    self.core.patch_namespaced_event(
+                        name, meta["namespace"], {"count": count, "lastTimestamp": now}
+                    )
+                    self._remember_event(same, name, count, seen[2])
+                    return
+                except ApiException as error:
+                    if error.status != 404:
+                        raise
+            event = {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta.get("uid"),
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Warning" if warning else "Normal",
+                "source": {"component": "stoker"},
+                "reportingComponent": "stoker",
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            created = self.core.create_namespaced_event(meta["namespace"], cast(Any, event))
+            self._remember_event(same, str(created.metadata.name), 1, time.monotonic())
+        except ApiException as error:
             log.warning("Posting event failed reason=%s status=%s", reason, error.status)
+
+    def _remember_event(self, same: tuple[str, str, str, str], name: str, count: int, first: float) -> None:
+        with self._events_guard:
+            if len(self._events) >= EVENT_MEMORY and same not in self._events:
+                self._events.pop(next(iter(self._events)))
+            self._events[same] = (name, count, first)

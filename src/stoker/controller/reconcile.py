@@ -12,7 +12,7 @@ import time
 
 from pydantic import ValidationError
 
-from stoker.api import GROUP, VLLMService
+from stoker.api import GROUP, VLLMService, user_message
 from stoker.controller import metrics
 from stoker.controller.act import Actor, InTheWay
 from stoker.controller.cache import ObjectCache
@@ -36,12 +36,6 @@ log = logging.getLogger(__name__)
 
 # Annotations kopf kept on each object for the create/update/resume handlers of earlier versions.
 KOPF_ANNOTATIONS = (f"{GROUP}/last-handled-configuration", f"{GROUP}/reconcile", f"{GROUP}/drift")
-
-
-def validation_message(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return f"{where}: {first['msg']}"
 
 
 class ChildrenNotApplied(Exception):
@@ -85,9 +79,7 @@ class Reconciler:
             svc = VLLMService.model_validate(body)
         except ValidationError as error:
             # Reported in status and as an Event; a retry changes nothing until the spec does.
-            return self._settle(
-                body, blocked_status(body, "InvalidSpec", validation_message(error), now_rfc3339())
-            )
+            return self._settle(body, blocked_status(body, "InvalidSpec", user_message(error), now_rfc3339()))
         token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
         snapshot = self.observer.snapshot(body, svc, token, self.standby.key)
         plan = decide_children(snapshot)
@@ -103,7 +95,7 @@ class Reconciler:
         for event in plan.events:
             self.actor.event(body, event)
         try:
-            written = self.actor.write_children(body, plan)
+            written = self.actor.write_children(body, plan, snapshot.children)
         except InTheWay as conflict:
             return self._settle(
                 body, blocked_status(body, "ChildConflict", conflict.conflict.message, snapshot.now)
