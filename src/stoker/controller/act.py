@@ -20,7 +20,6 @@ from stoker.controller.cache import ObjectCache
 from stoker.controller.decide import ChildrenPlan, Event, Outcome
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import merge_patch
-from stoker.controller.observe import Observer
 from stoker.controller.ownership import ChildConflict, foreign_template_fields, release
 from stoker.render import SEED_CLAIM_UID_ANNOTATION
 
@@ -38,10 +37,9 @@ class InTheWay(Exception):
 
 
 class Actor:
-    def __init__(self, kube: Kube, cache: ObjectCache, observer: Observer) -> None:
+    def __init__(self, kube: Kube, cache: ObjectCache) -> None:
         self.kube = kube
         self.cache = cache
-        self.observer = observer
         # The control Secret is never read (no watch, no GET), so what this process wrote is what it
         # knows: (namespace, name, owner uid) -> digest of the written data.
         self._secrets: dict[tuple[str, str, str], str] = {}
@@ -67,8 +65,6 @@ class Actor:
                 if letting_go:  # the apply may have dropped the reference it once applied itself
                     written = self.kube.patch_json("v1", kind, namespace, name, letting_go)
             except ApiException as error:
-                if error.status == 409 and write.current is None:
-                    self._in_the_way(child)
                 apply_errors.append(f"{kind} {namespace}/{name}: {api_error_message(error)}")
                 continue
             if written is None:
@@ -162,15 +158,6 @@ class Actor:
                 self._secrets.clear()
             self._secrets[memory] = digest
         return None
-
-    def _in_the_way(self, child: Manifest) -> None:
-        """A create met an object of that name: if no watch brings it (not labelled as stoker's), read it
-        from now on, so that the next pass sees it and reports it."""
-        meta = child["metadata"]
-        found = self.kube.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
-        if found is not None:
-            found.setdefault("kind", child["kind"])
-            self.observer.met_in_the_way(found)
 
     def event(self, body: Manifest, event: Event) -> None:
         self.kube.post_event(body, event.reason, event.message, warning=event.warning)

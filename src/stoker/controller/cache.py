@@ -95,10 +95,6 @@ class ObjectCache:
             found = [self._objects[(kind, namespace, name)] for name in names]
             return [copy.deepcopy(obj) for obj in found if matches is None or matches(obj)]
 
-    def keys(self, kind: str) -> list[tuple[str, str]]:
-        with self._guard:
-            return [(namespace, name) for held_kind, namespace, name in self._objects if held_kind == kind]
-
 
 def register(cache: ObjectCache) -> None:
     """kopf watch handlers that keep `cache` current: all VLLMServices, and every object stoker labels."""

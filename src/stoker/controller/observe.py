@@ -1,14 +1,14 @@
 """Observe: one VLLMService and what it owns, read from the watch caches into a `decide.Snapshot`.
 
-The only API reads left in a pass are the ones no watch serves, and each only when it matters: the Events
-of a claim still Pending or of a seed Job without pods (once they had time to get going), and a child in
-the way that stoker does not label (met as a 409 on create, then read here on every pass until it goes).
+The only API reads left in a pass are the ones no watch serves, and each only when it matters: a child
+the cache lacks is read before stoker creates it (an object of that name that stoker does not label is
+in the way, and nothing is written while anything is), and the Events of a claim still Pending or of a
+seed Job without pods (once they had time to get going).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
 
 from stoker.api import KIND, VLLMService
 from stoker.controller.cache import ObjectCache, labels_match
@@ -27,7 +27,6 @@ from stoker.render import (
 )
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-UNLABELLED_MEMORY = 4096  # children met in the way at most; forgetting one only costs a 409
 
 
 class Observer:
@@ -35,21 +34,9 @@ class Observer:
         self.kube = kube
         self.cache = cache
         self.field_manager = field_manager
-        # (kind, namespace, name) of objects in a child's way that carry no stoker label: no watch sees
-        # them, so they are read again on each pass until they are gone.
-        self._unlabelled: set[tuple[str, str, str]] = set()
-        self._guard = threading.Lock()
 
     def service(self, namespace: str, name: str) -> Manifest | None:
         return self.cache.get(KIND, namespace, name)
-
-    def met_in_the_way(self, obj: Manifest) -> None:
-        """An object a create ran into (409): read on every pass from now on, as no watch has it."""
-        meta = obj["metadata"]
-        with self._guard:
-            if len(self._unlabelled) >= UNLABELLED_MEMORY:
-                self._unlabelled.clear()
-            self._unlabelled.add((obj["kind"], meta["namespace"], meta["name"]))
 
     def snapshot(
         self, body: Manifest, svc: VLLMService, control_token: str | None, signing_key: str | None
@@ -115,15 +102,6 @@ class Observer:
         )
 
     def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
+        """The child from the watch cache; one it lacks is read, as it may be an object in the way."""
         cached = self.cache.get(kind, namespace, name)
-        if cached is not None:
-            return cached
-        with self._guard:
-            unlabelled = (kind, namespace, name) in self._unlabelled
-        if not unlabelled:
-            return None
-        live = self.kube.get(api_version, kind, namespace, name)
-        if live is None:
-            with self._guard:
-                self._unlabelled.discard((kind, namespace, name))
-        return live
+        return cached if cached is not None else self.kube.get(api_version, kind, namespace, name)

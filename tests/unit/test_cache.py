@@ -1,0 +1,55 @@
+"""The watch cache: newest object wins, deletions of the same object only, lookups by instance."""
+
+from __future__ import annotations
+
+from stoker.controller.cache import ObjectCache, labels_match
+
+
+def pod(name: str, rv: int, uid: str = "u1", **labels: str) -> dict:
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "labels": {"app.kubernetes.io/instance": "llm", **labels},
+        },
+    }
+
+
+def test_an_older_watch_event_never_replaces_what_a_write_returned():
+    cache = ObjectCache()
+    cache.remember(pod("a", 10, phase="written"))
+    cache.observe("Pod", pod("a", 9, phase="stale"))
+    assert cache.get("Pod", "ns", "a")["metadata"]["labels"]["phase"] == "written"
+    cache.observe("Pod", pod("a", 11, phase="newer"))
+    assert cache.get("Pod", "ns", "a")["metadata"]["labels"]["phase"] == "newer"
+
+
+def test_a_deletion_removes_only_the_object_it_names():
+    cache = ObjectCache()
+    cache.observe("Pod", pod("a", 5, uid="new"))
+    cache.observe("Pod", pod("a", 6, uid="old"), deleted=True)  # another object of that name
+    assert cache.get("Pod", "ns", "a") is not None
+    cache.observe("Pod", pod("a", 7, uid="new"), deleted=True)
+    assert cache.get("Pod", "ns", "a") is None
+    assert cache.of_instance("Pod", "ns", "llm") == []
+
+
+def test_objects_of_an_instance_are_found_without_a_scan_and_handed_out_as_copies():
+    cache = ObjectCache()
+    cache.observe("Pod", pod("a", 1, role="active"))
+    cache.observe("Pod", pod("b", 2, role="standby"))
+    cache.observe("Pod", {**pod("c", 3), "metadata": {**pod("c", 3)["metadata"], "labels": {}}})
+    assert [p["metadata"]["name"] for p in cache.of_instance("Pod", "ns", "llm")] == ["a", "b"]
+    standby = cache.of_instance("Pod", "ns", "llm", labels_match({"role": "standby"}))
+    assert [p["metadata"]["name"] for p in standby] == ["b"]
+    standby[0]["metadata"]["labels"]["role"] = "changed by a caller"
+    assert cache.get("Pod", "ns", "b")["metadata"]["labels"]["role"] == "standby"
+    # Relabelled to another instance: found there only.
+    moved = pod("a", 4)
+    moved["metadata"]["labels"]["app.kubernetes.io/instance"] = "other"
+    cache.observe("Pod", moved)
+    assert [p["metadata"]["name"] for p in cache.of_instance("Pod", "ns", "llm")] == ["b"]
+    assert [p["metadata"]["name"] for p in cache.of_instance("Pod", "ns", "other")] == ["a"]
