@@ -141,3 +141,62 @@ def test_argocd_health_check_reads_the_conditions(obj: dict[str, Any], expected:
     health = check(runtime.table_from(obj, recursive=True))
     assert health["status"] == expected, health["message"]
     assert health["message"]
+
+
+# ------------------------------------------------------------------------------ the pages and links
+
+DOCS = REPO / "docs"
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a markdown page (fenced code blocks skipped)."""
+    text = re.sub(r"(?ms)^```.*?^```", "", page.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"(?m)^#{1,6} (.+?)\s*$", text):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    text = re.sub(r"(?ms)^```.*?^```", "", page.read_text(encoding="utf-8"))
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans: a regex in one is no link
+    return [target for target in LINK.findall(text) if not re.match(r"[a-z]+:", target)]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda page: str(page.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no such heading")
+    assert not broken, broken
+
+
+def test_the_index_links_every_page_under_docs() -> None:
+    index = DOCS / "index.md"
+    linked = {(DOCS / target.partition("#")[0]).resolve() for target in relative_links(index)}
+    unlinked = [
+        str(path.relative_to(DOCS))
+        for path in sorted(DOCS.rglob("*"))
+        if path.suffix in {".md", ".json"} and path != index and path.resolve() not in linked
+    ]
+    assert not unlinked, f"docs/index.md does not link {unlinked}"
+
+
+def test_the_readme_links_the_index_and_the_generated_reference() -> None:
+    targets = relative_links(REPO / "README.md")
+    assert "docs/index.md" in targets
+    assert str(DOCS_PATH) in targets
