@@ -35,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,10 @@ CHILD_LISTS = {
     "Secret": ("CoreV1Api", "list_namespaced_secret"),
     "ConfigMap": ("CoreV1Api", "list_namespaced_config_map"),
 }
+
+
+MAX_NODES = 40
+PODS_PER_SERVICE = 1.25  # its serving pod and, while it runs, its seed Job's pod
 
 
 # ------------------------------------------------------------------------------------------- figures
@@ -308,12 +313,26 @@ def operator_kubeconfig(admin_kubeconfig: Path, pki: Path, workdir: Path) -> Pat
     return path
 
 
+def widen_nodes(api_client: client.ApiClient, services: int) -> int:
+    """Raise the fake GPU nodes' GPUs and pod slots until every service's pods fit; returns GPUs a node."""
+    core = client.CoreV1Api(api_client)
+    nodes = [
+        str(node.metadata.name) for node in core.list_node(label_selector="type=kwok").items if node.metadata
+    ]
+    gpus = max(8, math.ceil(services * PODS_PER_SERVICE / len(nodes)))
+    room = {"nvidia.com/gpu": str(gpus), "pods": str(max(110, 2 * gpus))}
+    for node in nodes:
+        core.patch_node_status(node, {"status": {"capacity": room, "allocatable": room}})
+    return gpus
+
+
 def run(args: argparse.Namespace, raw: TextIO) -> dict[str, Any]:
     env = {**os.environ}
     for name, default in CLUSTER_DEFAULTS.items():
         env.setdefault(name, default)
-    # Room for every serving pod and the seed pods in flight: 8 fake GPUs a node.
-    env.setdefault("GPU_NODES", str(math.ceil(args.at * 1.25 / 8) + 2))
+    # kwok, at its default client rate, keeps about 60 nodes Ready at most on this machine: widen_nodes
+    # gives these few the room of many.
+    env.setdefault("GPU_NODES", str(min(MAX_NODES, math.ceil(args.at * PODS_PER_SERVICE / 8))))
     workdir = Path(tempfile.mkdtemp(prefix="stoker-bench-audit-"))
     policy, audit_log = workdir / "audit-policy.yaml", workdir / "audit.log"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -389,6 +408,7 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
     api_client = client.ApiClient(configuration)
     api_client.user_agent = "stoker-bench"
     custom, apps = client.CustomObjectsApi(api_client), client.AppsV1Api(api_client)
+    bench.say(f"fake GPU nodes widened to {widen_nodes(api_client, args.at)} GPUs each")
 
     services = Timeline(custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL)
     deployments = Timeline(apps.list_namespaced_deployment, NAMESPACE)
@@ -722,6 +742,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = parser().parse_args()
+    # Stopped early, the run still takes its operator and control plane down (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.burst <= args.existing <= args.at:
         raise SystemExit("need --burst <= --existing <= --at")
     args.raw.parent.mkdir(parents=True, exist_ok=True)
