@@ -74,7 +74,8 @@ def fleet(kubectl) -> dict[str, str]:
 
 def coefficients_of(kubectl, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
     """What the operator predicts `namespace`'s starts on `hardware` with, from the ConfigMap as it is."""
-    return namespace_coefficients(fleet(kubectl), hardware, namespace, shipped_coefficients(hardware))
+    starts = read_class(fleet(kubectl), hardware)
+    return namespace_coefficients(starts, hardware, namespace, shipped_coefficients(hardware))
 
 
 def events(kubectl, namespace: str) -> list[dict]:

@@ -120,7 +120,7 @@ def test_a_start_is_kept_once_under_its_namespace_and_refits_its_predictions() -
     )
     data = recorded({}, "ns", start("ns/pod-a#0", 40.0))
     assert [o.label for o in read_class(data, H100)["ns"].observations] == ["ns/pod-a#0"]
-    coefficients = namespace_coefficients(data, H100, "ns", PRIOR)
+    coefficients = namespace_coefficients(read_class(data, H100), H100, "ns", PRIOR)
     assert coefficients is not None and coefficients.source == "fleet" and coefficients.hardware == H100.key
     before = predict(FACTS, SERVING, PRIOR).phases["weightLoad"]
     after = predict(FACTS, SERVING, coefficients).phases["weightLoad"]
@@ -150,7 +150,7 @@ def test_a_garbled_entry_is_reported_and_replaced_and_the_others_are_left_alone(
     assert repaired[starts_key(H100, "other")] == data[starts_key(H100, "other")]
     assert [o.label for o in read_class(repaired, H100)["ns"].observations] == ["ns/pod-a#0"]
     # Predictions go on without the garbled entries.
-    assert namespace_coefficients(data, H100, "ns", PRIOR) == PRIOR
+    assert namespace_coefficients(read_class(data, H100), H100, "ns", PRIOR) == PRIOR
 
 
 def test_the_shared_keys_of_earlier_versions_are_dropped_at_the_next_write() -> None:
@@ -169,11 +169,11 @@ def test_without_a_prior_a_namespace_fits_its_own_starts_and_others_get_none() -
     data: dict[str, str] = {}
     write = with_observation(data, H100, "ns", start("ns/pod-a#0", 40.0), None, limit=10, now=1000.0)
     data.update({key: text for key, text in write.changes.items() if text is not None})
-    coefficients = namespace_coefficients(data, H100, "ns", None)
+    coefficients = namespace_coefficients(read_class(data, H100), H100, "ns", None)
     assert coefficients is not None
     assert predict(FACTS, SERVING, coefficients).phases["weightLoad"] == pytest.approx(40.0, abs=0.01)
     # Another namespace's starts alone are no prediction for a namespace: they would be all of it.
-    assert namespace_coefficients(data, H100, "elsewhere", None) is None
+    assert namespace_coefficients(read_class(data, H100), H100, "elsewhere", None) is None
 
 
 def test_a_limit_above_what_an_entry_holds_keeps_what_it_holds() -> None:

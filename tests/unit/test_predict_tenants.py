@@ -73,7 +73,7 @@ class Store:
         return write.refused
 
     def total(self, namespace: str, settings: EngineSettings = HIT, facts: ModelFacts = FACTS) -> float:
-        coefficients = namespace_coefficients(self.data, H100, namespace, PRIOR)
+        coefficients = namespace_coefficients(read_class(self.data, H100), H100, namespace, PRIOR)
         assert coefficients is not None
         return predict(facts, settings, coefficients).total_seconds
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from stoker.controller.kube import Kube, Manifest
-from stoker.predict.fleet import namespace_coefficients, with_observation
-from stoker.predict.model import CoefficientSet, HardwareClass, Observation
+from stoker.predict.fleet import namespace_coefficients, read_class, with_observation
+from stoker.predict.model import CoefficientSet, HardwareClass, NamespaceStarts, Observation
 from stoker.predict.shipped import NoShippedCoefficients, shipped_coefficients
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class CoefficientStore:
         self._guard = threading.Lock()
         self._data: dict[str, str] = {}
         self._read_at: float | None = None
-        # Refits of the data as read, per (namespace, class): a refit is dozens of small fits.
+        # From the data as read: each class's entries, parsed, and each (namespace, class)'s refit.
+        self._classes: dict[str, dict[str, NamespaceStarts]] = {}
         self._fitted: dict[tuple[str, str], CoefficientSet | None] = {}
 
     def coefficients(self, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
@@ -69,9 +70,10 @@ class CoefficientStore:
                     log.warning("Reading startup coefficients failed%s: %s", self._where(), error.status)
             fitted = (namespace, hardware.key)
             if fitted not in self._fitted:
-                self._fitted[fitted] = namespace_coefficients(
-                    self._data, hardware, namespace, shipped(hardware)
-                )
+                if hardware.key not in self._classes:
+                    self._classes[hardware.key] = read_class(self._data, hardware)
+                starts = self._classes[hardware.key]
+                self._fitted[fitted] = namespace_coefficients(starts, hardware, namespace, shipped(hardware))
             return self._fitted[fitted]
 
     def record(self, namespace: str, hardware: HardwareClass, observation: Observation) -> RecordOutcome:
@@ -112,6 +114,7 @@ class CoefficientStore:
 
     def _keep(self, configmap: Manifest) -> None:
         self._data, self._read_at = dict(configmap.get("data") or {}), time.monotonic()
+        self._classes.clear()
         self._fitted.clear()
 
     def _what(self) -> str:

@@ -47,6 +47,9 @@ UNKNOWN_PRODUCT = "unknown"
 
 # All other namespaces together move a namespace's predictions by at most this factor (up or down).
 FLEET_INFLUENCE = 1.10
+# A namespace's vote on the others' predictions is the median of its newest starts: few enough that every
+# prediction costs little however many namespaces there are, enough that one odd start is outvoted.
+VOTE_STARTS = 3
 # A start with a phase (or a total) this many times longer or shorter than predicted, and further off
 # than IMPLAUSIBLE_SECONDS, is taken for a forged or broken log and not kept.
 IMPLAUSIBLE_FACTOR = 20.0
@@ -164,12 +167,13 @@ def own_coefficients(
 
 def fleet_correction(base: CoefficientSet, others: Iterable[NamespaceStarts]) -> float:
     """How much slower (> 1) or faster than `base` predicts the other namespaces' starts ran: per
-    namespace the median ratio of its starts, then the median over namespaces (so one namespace is one
-    vote however many starts it has), clipped to [1/sqrt(FLEET_INFLUENCE), sqrt(FLEET_INFLUENCE)]: any
-    change of theirs moves a prediction by at most FLEET_INFLUENCE."""
+    namespace the median ratio of its newest VOTE_STARTS starts, then the median over namespaces (so one
+    namespace is one vote however many starts it has), clipped to [1/sqrt(FLEET_INFLUENCE),
+    sqrt(FLEET_INFLUENCE)]: any change of theirs moves a prediction by at most FLEET_INFLUENCE."""
     votes = []
     for entry in others:
-        ratios = [ratio for start in entry.observations if (ratio := _ratio(start, base)) is not None]
+        newest = entry.observations[-VOTE_STARTS:]
+        ratios = [ratio for start in newest if (ratio := _ratio(start, base)) is not None]
         if ratios:
             votes.append(statistics.median(ratios))
     if not votes:
@@ -192,11 +196,14 @@ def _ratio(start: Observation, base: CoefficientSet) -> float | None:
 
 
 def namespace_coefficients(
-    data: Mapping[str, str], hardware: HardwareClass, namespace: str, prior: CoefficientSet | None
+    starts: Mapping[str, NamespaceStarts],
+    hardware: HardwareClass,
+    namespace: str,
+    prior: CoefficientSet | None,
 ) -> CoefficientSet | None:
-    """The coefficients `namespace`'s starts on `hardware` are predicted with: its own (`own_coefficients`)
-    scaled by the other namespaces' `fleet_correction`."""
-    starts = read_class(data, hardware)
+    """The coefficients `namespace`'s starts on `hardware` are predicted with, from each namespace's
+    `starts` of the class (`read_class`): its own (`own_coefficients`) scaled by the other namespaces'
+    `fleet_correction`."""
     base = own_coefficients(starts.get(namespace), hardware, prior)
     if base is None:
         return None
