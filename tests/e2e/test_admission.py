@@ -1,8 +1,8 @@
 """The tenant boundary on the real API server (charts/stoker/templates/admission-policy.yaml).
 
 A user whose role allows VLLMServices but not pods (the chart's editor ClusterRole, bound in a namespace) is
-refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass and volume type the
-pods would use that the user may not use directly, with a message naming the field; the same user is
+refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass, volume type and pod
+label the pods would use that the user may not use directly, with a message naming the field; the user is
 accepted once granted the direct verb on exactly that object, and a user who may create pods is accepted
 outright. The policy and the roles are rendered by `helm template` from the chart, as both install paths do.
 """
@@ -385,6 +385,15 @@ def test_volume_type_outside_the_restricted_set_is_refused(
     assert message.startswith(f"{field}: {TENANT} may not use this volume type in namespace "), message
 
 
+def test_pod_labels_are_refused_since_they_join_the_namespaces_selectors(
+    kubectl, policy: None, tenant_namespace: str
+) -> None:
+    """A pod labelled like another team's Service would receive its traffic."""
+    hijack = {"pod": {"labels": {"app": "payments"}}}
+    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(hijack)))
+    assert message.startswith(f"spec.pod.labels['app']: {TENANT} may not label pods in namespace "), message
+
+
 # ------------------------------------------------------------------------------------- what is allowed
 
 
@@ -398,6 +407,7 @@ EVERYTHING: dict[str, Any] = {
         ]
     },
     "pod": {
+        "labels": {"app": "payments"},
         "serviceAccountName": "admin-sa",
         "priorityClassName": "system-node-critical",
         "imagePullSecrets": [{"name": "registry"}],
@@ -503,15 +513,30 @@ def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, t
 
 
 def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_namespace: str) -> None:
-    """admission.allowedVolumeTypes admits a type for everyone; admission.exemptNamespaces a namespace."""
+    """admission.allowedVolumeTypes and allowedPodLabelKeys admit a type and label keys for everyone;
+    admission.exemptNamespaces a namespace."""
     namespace = tenant_namespace
+    labelled = {"pod": {**NFS["pod"], "labels": {"team": "search", "cost-center": "ml-42"}}}
     try:
-        install(kubectl, helm, "--set", "admission.allowedVolumeTypes={nfs}")
-        wait_for(lambda: not policy_refuses(kubectl, namespace, NFS), timeout=60, what="nfs allowed")
-        result = apply_as(kubectl, TENANT, namespace, manifest(NFS))
+        install(
+            kubectl,
+            helm,
+            "--set",
+            "admission.allowedVolumeTypes={nfs}",
+            "--set",
+            "admission.allowedPodLabelKeys={team,cost-center}",
+        )
+        wait_for(
+            lambda: not policy_refuses(kubectl, namespace, labelled), timeout=60, what="nfs, labels allowed"
+        )
+        result = apply_as(kubectl, TENANT, namespace, manifest(labelled))
         assert result.returncode == 0, result.stderr
         assert refusal(apply_as(kubectl, TENANT, namespace, manifest(HOST_PATH))).startswith(
             "spec.pod.volumes[0].hostPath:"
+        )
+        hijack = {"pod": {"labels": {"team": "search", "app": "payments"}}}
+        assert refusal(apply_as(kubectl, TENANT, namespace, manifest(hijack))).startswith(
+            "spec.pod.labels['app']:"
         )
         install(kubectl, helm, "--set", f"admission.exemptNamespaces={{{namespace}}}")
         wait_for(
