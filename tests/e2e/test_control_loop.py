@@ -111,8 +111,19 @@ def test_a_cache_claim_recreated_under_a_running_service_is_seeded_again(namespa
         lambda: get_json(kubectl, "-n", namespace, "vllmservice", "regrow")["status"]["cache"].get("claimUid")
     )
     old_uid = get_json(kubectl, "-n", namespace, "pvc", "regrow-cache")["metadata"]["uid"]
-    # kwok's pods hold no volume, so the claim goes at once; stoker creates an empty one in its place.
-    kubectl("-n", namespace, "delete", "pvc", "regrow-cache", "--wait=true", timeout=60)
+    # Deleted under running pods, the claim waits on its protection finalizer; lifting it lets the claim
+    # go as a volume that failed would, and stoker creates an empty one in its place.
+    kubectl("-n", namespace, "delete", "pvc", "regrow-cache", "--wait=false")
+    kubectl(
+        "-n",
+        namespace,
+        "patch",
+        "pvc",
+        "regrow-cache",
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":null}}',
+    )
 
     def reseeded() -> dict | None:
         svc = get_json(kubectl, "-n", namespace, "vllmservice", "regrow")
