@@ -1,4 +1,5 @@
-"""Two operator replicas with leader election on a Lease: SIGKILL the leader mid-burst, the other takes over.
+"""Two operator replicas with leader election on a Lease: SIGKILL the leader mid-burst, the other takes over;
+SIGSTOP the leader past its Lease, and after SIGCONT it writes nothing (the API server's audit log says so).
 
 The takeover time is measured and printed; the assertion is the issue's acceptance bound (15 s), not a speed
 target. Each replica is a real `stoker run` process with the chart's election settings.
@@ -9,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 import yaml
 
-from tests.conftest import ARTIFACTS, REPO, Operator
+from tests.conftest import ARTIFACTS, REPO, Cluster, Operator
 from tests.e2e.fleet import Fleet, settled, standby_service
 from tests.e2e.helpers import get_json, wait_for, wait_ready
 
@@ -119,3 +122,62 @@ def test_a_follower_takes_over_when_the_leader_is_killed_mid_burst(
     assert len(woke["items"]) == 1
     failed = get_json(kubectl, "-n", namespace, "events", "--field-selector", "reason=WakeFailed") or {}
     assert not failed.get("items")
+
+
+def writes_by(cluster: Cluster, operator: Operator) -> list[tuple[float, str]]:
+    """(when received, verb and URI) of each write the API server audited from this operator process (its
+    user agent names its pid; kube.Kube)."""
+    assert operator.process is not None
+    agent = f"; pid {operator.process.pid})"
+    found = []
+    for line in (cluster.work_dir / "logs" / "audit.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("userAgent", "").endswith(agent):
+            received = datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp()
+            found.append((received, f"{entry['verb']} {entry['requestURI']}"))
+    return found
+
+
+def test_a_leader_paused_past_its_lease_writes_nothing_after_it_resumes(
+    namespace: str, kubectl, cluster: Cluster, crd: None, admin_operator_paused: None
+) -> None:
+    first, second = replica(cluster, namespace, 0), replica(cluster, namespace, 1)
+    with first, second:
+        leader_identity = wait_for(lambda: acquired(first) or acquired(second), what="a leader")
+        leader, follower = (first, second) if acquired(first) == leader_identity else (second, first)
+        base = yaml.safe_load(EXAMPLE.read_text())
+        kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({**base, "metadata": {"name": "fenced", "namespace": namespace}}),
+        )
+        wait_for(lambda: get_json(kubectl, "-n", namespace, "deployment", "fenced"), what="the Deployment")
+        assert writes_by(cluster, leader), "the leader's writes are not in the audit log"
+        assert leader.process is not None
+
+        leader.process.send_signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        try:
+            wait_for(lambda: acquired(follower), timeout=60, what="the follower to lead")
+            kubectl("-n", namespace, "scale", "vllmservice", "fenced", "--replicas=2")
+            wait_for(
+                lambda: (
+                    (get_json(kubectl, "-n", namespace, "deployment", "fenced") or {})["spec"]["replicas"]
+                    == 2
+                ),
+                what="the new leader's scale",
+            )
+            time.sleep(max(0.0, 20 - (time.monotonic() - paused)))  # 20 s paused, as in the issue
+        finally:
+            resumed = time.time()
+            leader.process.send_signal(signal.SIGCONT)
+        exit_code = leader.process.wait(timeout=30)
+        print(f"\nold leader paused {time.monotonic() - paused:.1f} s, exited {exit_code} after resuming")
+        assert exit_code == 3  # leader.LOST_LEASE_EXIT: its term passed without a renewal
+        assert "Lost lease" in leader.log()
+        late = [write for write in writes_by(cluster, leader) if write[0] >= resumed]
+        assert not late, f"the paused leader wrote after resuming: {late[:5]}"
+        assert any(when >= resumed - 20 for when, _ in writes_by(cluster, follower))  # the new leader writes
+        lease = get_json(kubectl, "-n", namespace, "lease", LEASE)
+        assert lease and lease["spec"]["holderIdentity"] == acquired(follower)
