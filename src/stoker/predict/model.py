@@ -77,7 +77,7 @@ class ModelFacts(_Document):
 class EngineSettings(_Document):
     """What a start's `vllm serve` invocation sets that moves its phases (`engine_settings` reads it)."""
 
-    loader: str = Field(default="auto", min_length=1, max_length=_SHORT_TEXT)
+    loader: str = Field(default="auto", max_length=_SHORT_TEXT)
     compiled: bool = True
     capture_sizes: int = Field(ge=0, le=MAX_CAPTURE_SIZES)
     tensor_parallel: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL)
