@@ -43,7 +43,16 @@ from typing import Any
 import seedwarmup
 import standby
 from bench.predictor.shapes import SHAPES, Shape
-from harness import HOME, SEED_SNAPSHOT, Budget, host_facts, prepare, start_and_measure, tree_bytes
+from harness import (
+    HOME,
+    SEED_SNAPSHOT,
+    Budget,
+    host_facts,
+    prepare,
+    start_and_measure,
+    tree_bytes,
+    warm_node,
+)
 from profiles import (
     DEFAULT_PROFILE,
     Invocation,
@@ -55,8 +64,9 @@ from profiles import (
 )
 
 from stoker.api import VLLMService
-from stoker.api.owned import MODEL_SOURCE_MOUNT_PATH
+from stoker.api.owned import CACHE_MOUNT_PATH, MODEL_SOURCE_MOUNT_PATH
 from stoker.predict.facts import read_model_facts
+from stoker.render.prefetch import import_pages_listing
 
 # The sweep keeps one seeded cache per shape (the model path is part of vLLM's compile-cache key).
 SHAPE_SNAPSHOTS = HOME / "seeded-caches"
@@ -67,6 +77,9 @@ SEED = "stoker-seed"
 PLAN_OVERRIDE = HOME / "bench-plan.json"
 # Rough durations for the time budget, replaced by the longest one seen (plus a margin).
 ESTIMATE_S = {"stock": 110.0, SEED: 130.0}
+# Started on a node stoker warmed (harness.warm_node): `stock-warm` is stock there, `stoker-warm` the default.
+STOCK_WARM = "stock-warm"
+WARM_NODE_PROFILES = frozenset({STOCK_WARM, "stoker-warm"})
 
 
 def run(
@@ -80,9 +93,11 @@ def run(
     shape: str | None = None,
     decode: bool = True,
     snapshot: Path = SEED_SNAPSHOT,
+    warm: tuple[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """One start of `inv` as profile `name` (a serving start on the cache `snapshot` holds); with `shape`,
-    the sweep's start of that shape's checkpoint on its own seeded cache."""
+    the sweep's start of that shape's checkpoint on its own seeded cache; with `warm` (checkpoint, listing),
+    on a node that keeps both resident."""
     key = f"{shape}/{name}" if shape else name
     # It must end before the stop time and still leave room for the runs in `reserve`.
     like = SEED if name.startswith(SEED) else name
@@ -93,12 +108,15 @@ def run(
     if shape:
         snapshot = SHAPE_SNAPSHOTS / shape
     dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve", snapshot=snapshot)
+    warmed = warm_node(*warm) if warm else None
     log = Path("logs") / (f"{shape}-r{rep}-{name}.log" if shape else f"r{rep}-{name}.log")
     started = time.monotonic()
     result = start_and_measure(out / log, inv, measure=role != "seed", decode=decode)
     budget.record(name, time.monotonic() - started)
     budget.record(key, time.monotonic() - started)
     record = {"profile": name, "repetition": rep, "role": role, **result, "pageCacheDropped": dropped}
+    if warmed is not None:
+        record["warmedBytes"] = warmed
     if shape:
         record.update(shape=shape, log=str(log))
     record.update(argv=inv.argv, env=inv.env)
@@ -199,6 +217,14 @@ def main() -> None:
     print("done", flush=True)
 
 
+def warm_node_of(svc: VLLMService, snapshot: Path) -> tuple[str, str]:
+    """What a warmed node keeps resident for `svc`: its checkpoint, and the import-pages listing its seed
+    wrote (the volume's copy in `snapshot`)."""
+    assert svc.spec.model.source.pvc is not None, "the warmed node's checkpoint is on a PVC"
+    listing = Path(import_pages_listing(svc)).relative_to(CACHE_MOUNT_PATH)
+    return f"{MODEL_SOURCE_MOUNT_PATH}{svc.spec.model.source.pvc.path}", str(snapshot / listing)
+
+
 def seeds_of(svc: VLLMService, names: list[str]) -> dict[str, Invocation]:
     """The seeds to run, by name: `stoker-seed` (the default's), which every profile with the default's
     cache key restores, and `stoker-seed-<profile>` for a profile whose spec moves the key."""
@@ -240,7 +266,12 @@ def profiles(args: argparse.Namespace, out: Path) -> None:
             snapshot = SEED_SNAPSHOTS / seed_of(name, seeds)
             if snapshot.exists():
                 reserve = [] if name in kept else required * (repetitions - rep)
-                run(name, rep, serve_invocation(svc, name), out, budget, "serve", reserve, snapshot=snapshot)
+                warm = warm_node_of(svc, snapshot) if name in WARM_NODE_PROFILES else None
+                if name == STOCK_WARM:
+                    run(name, rep, stock_invocation(svc), out, budget, "stock", reserve, warm=warm)
+                else:
+                    inv = serve_invocation(svc, name)
+                    run(name, rep, inv, out, budget, "serve", reserve, snapshot=snapshot, warm=warm)
         rep += 1
 
 

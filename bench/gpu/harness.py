@@ -9,6 +9,7 @@ Standard library only, plus the Invocation of profiles.py.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -254,6 +255,14 @@ def prepare(cache_dir: str | None, restore_seed: bool, snapshot: Path = SEED_SNA
             os.makedirs(cache_dir)
     wait_gpu_free()
     return drop_page_cache()
+
+
+def warm_node(checkpoint: str, listing: str) -> int:
+    """What a node agent keeps resident after `prepare` dropped it: the checkpoint's files and the pages the
+    seed's cold vLLM read (its import-pages listing), read with stoker's own range reader. Returns bytes."""
+    from stoker.render.prefetch import checkpoint_ranges, listed_ranges, read_ranges
+
+    return read_ranges(itertools.chain(listed_ranges(listing), checkpoint_ranges([checkpoint])))
 
 
 class Budget:

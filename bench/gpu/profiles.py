@@ -78,6 +78,7 @@ def _previous_with(**changes: Any) -> dict[str, Any]:
 # VLLM_WORKER_MULTIPROC_METHOD, and compilation mode 0 neither reads nor needs a compile cache.
 VARIANTS: dict[str, Variant] = {
     DEFAULT_PROFILE: Variant(note="exactly what the operator renders"),
+    "stoker-warm": Variant(note="exactly what the operator renders, on a node stoker warmed (coldstart.py)"),
     "stoker-previous": Variant(spec=PREVIOUS, note="what the operator rendered before 2026-11-23"),
     "stoker-readahead": Variant(
         spec=_previous_with(readAhead=True),
