@@ -338,6 +338,16 @@ def test_field_is_refused_until_the_tenant_may_use_that_object(
     assert get_json(kubectl, "-n", namespace, "vllmservice", NAME)
 
 
+def test_a_name_no_message_can_show_is_still_refused(kubectl, policy: None, tenant_namespace: str) -> None:
+    """The API server drops a message with a newline; the validation's fixed one stands in."""
+    spec = env_from({"secretKeyRef": {"name": "db\ncreds", "key": "password"}})
+    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(spec)))
+    assert (
+        message
+        == "spec names an object its author may not use (needs create on pods, or the direct verb on it)"
+    )
+
+
 # The core/v1 volume types outside Pod Security's `restricted` set (a minimal body each: the policy reads
 # the type, and the CRD keeps a volume's source as written).
 DISALLOWED_VOLUME_TYPES = [
