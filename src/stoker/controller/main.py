@@ -47,8 +47,8 @@ def main(argv: list[str]) -> int:
             return 2
         settings = settings.model_copy(update={"control_key": SecretStr(key)})
     queue: WorkQueue
-    startups = StartupRecorder(kube, settings, recorded=lambda key: queue.add(key, resync=False))
     cache = ObjectCache()
+    startups = StartupRecorder(kube, settings, cache, recorded=lambda key: queue.add(key, resync=False))
     reconciler = Reconciler(kube, settings, cache, startups)
     queue = WorkQueue(
         reconciler.reconcile,

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from stoker.api import VLLMService
 from stoker.api.models import StartupStatus
 from stoker.controller import metrics
+from stoker.controller.cache import ObjectCache, labels_match
 from stoker.controller.coefficients import CoefficientStore
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
@@ -39,6 +40,7 @@ from stoker.controller.objects import (
     pod_is_ready,
     still_running,
 )
+from stoker.controller.observe import JOB_NAME_LABEL
 from stoker.controller.ownership import created_by_deployment, owned_by
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
@@ -56,13 +58,14 @@ from stoker.render import (
     deployment_name,
     seed_job_name,
     seed_wanted,
-    server_selector,
     short_cache_key,
 )
 
 log = logging.getLogger(__name__)
 
+# An unreadable log is asked for again after 10 s, doubling to 5 min; only its first failure is logged.
 LOG_RETRY_SECONDS = 10.0
+LOG_RETRY_MAX_SECONDS = 300.0
 # The phase after apiReady: from the engine's ready line to the pod's Ready condition (the probes' delay).
 READY_GAP_PHASE = "podReady"
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
@@ -87,11 +90,19 @@ class ParsedStart:
 class StartupRecorder:
     """One worker: records of one object never race, and log reads never crowd out the reconcile's."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, recorded: Callable[[ObjectKey], None]) -> None:
-        """`recorded(key)` is told after each write: the reconcile reads the compile cache of the last
-        start and whether the seed's run is recorded from status.startup."""
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        cache: ObjectCache,
+        recorded: Callable[[ObjectKey], None],
+    ) -> None:
+        """Pods, Jobs and Deployments come from the watch cache the reconcile reads too; `recorded(key)`
+        is told after each write: the reconcile reads the compile cache of the last start and whether the
+        seed's run is recorded from status.startup."""
         self.kube = kube
         self.settings = settings
+        self.cache = cache
         self.recorded = recorded
         self.coefficients = CoefficientStore(
             kube,
@@ -108,7 +119,8 @@ class StartupRecorder:
         self._guard = threading.Lock()
         # (generation, seeded cache key) of each object as the reconcile last saw it.
         self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
-        self._log_retry_at: dict[tuple[str, int], float] = {}
+        # (pod uid, restarts) of each unreadable log -> (failed reads, when to read it again).
+        self._log_retry: dict[tuple[str, int], tuple[int, float]] = {}
 
     def start(self) -> None:
         self.queue.start()
@@ -147,23 +159,25 @@ class StartupRecorder:
         seeded = seeding and (status.get("cache") or {}).get("seededKey") == key_now
         seed_job = None
         if seeding and not (seeded and (before.get("seed") or {}).get("cacheKey") == short_key):
-            job = self.kube.get("batch/v1", "Job", namespace, seed_job_name(svc.name, short_key))
+            job = self.cache.get("Job", namespace, seed_job_name(svc.name, short_key))
             if job is not None and owned_by(job, uid):  # a Job stoker did not create tells nothing
                 seed_job = job
                 # Before the reconcile writes it down: the prediction is for a seeded cache at once.
                 seeded = seeded or job_outcome(job) == "succeeded"
-        pods = [
-            pod
-            for pod in self.kube.list_objects("v1", "Pod", namespace, server_selector(svc.name))
-            if created_by_deployment(pod, deployment_name(svc.name))
-        ]
+        pods = self.cache.of_instance(
+            "Pod", namespace, name, lambda pod: created_by_deployment(pod, deployment_name(name))
+        )
         startup, new_starts, unread = self._collect(body, pods, before, seed_job, svc)
         self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
         if startup.get("last") and not still_running(startup["last"], pods):
             # Its ReplicaSet was replaced (an edit) or scaled away: history keeps its summary.
             del startup["last"]
         self._write(body, before, startup)
-        return LOG_RETRY_SECONDS if unread else None
+        if not unread:
+            return None
+        now = time.monotonic()
+        due = [self._log_retry.get(start, (0, now + LOG_RETRY_SECONDS))[1] for start in unread]
+        return max(1.0, min(due) - now)
 
     def _collect(
         self,
@@ -172,16 +186,16 @@ class StartupRecorder:
         previous: Manifest,
         seed_job: Manifest | None,
         svc: VLLMService,
-    ) -> tuple[Manifest, list[ParsedStart], bool]:
+    ) -> tuple[Manifest, list[ParsedStart], list[tuple[str, int]]]:
         """Parse each new Ready serving container, and the seed pod once its Job finished; returns the
-        startup status, the starts parsed now and whether a log could not be read."""
+        startup status, the starts parsed now and those whose log could not be read."""
         engine_version = svc.spec.runtime.resolved_engine_version
         startup = copy.deepcopy(previous)
         history: list[Manifest] = list(startup.get("history") or [])
         seen = {(sample["uid"], sample["restarts"]) for sample in history}
         namespace = body["metadata"]["namespace"]
         parsed: list[ParsedStart] = []
-        unread = False
+        unread: list[tuple[str, int]] = []  # the starts whose log could not be read
         new = [
             (pod, container)
             for pod in pods
@@ -194,7 +208,7 @@ class StartupRecorder:
         for pod, container in new:
             start = self._startup_record(body, pod, container, "serve", engine_version)
             if start is None:
-                unread = True
+                unread.append((pod["metadata"]["uid"], int(container.get("restartCount") or 0)))
                 continue
             parsed.append(start)
             record = start.record
@@ -218,22 +232,24 @@ class StartupRecorder:
             }
         if seed_job is not None and job_outcome(seed_job) in ("succeeded", "failed"):
             job_name = seed_job["metadata"]["name"]
-            seed_pods = self.kube.list_objects(
-                "v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job_name}"
+            seed_pods = self.cache.of_instance(
+                "Pod", namespace, svc.name, labels_match({JOB_NAME_LABEL: job_name})
             )
             seed_pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
             if seed_pods and (startup.get("seed") or {}).get("pod") != seed_pods[-1]["metadata"]["name"]:
                 container = main_container_status(seed_pods[-1])
                 start = self._startup_record(body, seed_pods[-1], container or {}, "seed", engine_version)
                 if start is None:
-                    unread = True
+                    unread.append(
+                        (seed_pods[-1]["metadata"]["uid"], int((container or {}).get("restartCount") or 0))
+                    )
                 else:
                     parsed.append(start)
                     startup["seed"] = start.record
         return startup, parsed, unread
 
     def _deployment_is_stokers(self, body: Manifest, svc: VLLMService) -> bool:
-        deployment = self.kube.get("apps/v1", "Deployment", str(svc.namespace), deployment_name(svc.name))
+        deployment = self.cache.get("Deployment", str(svc.namespace), deployment_name(svc.name))
         return deployment is not None and owned_by(deployment, body["metadata"]["uid"])
 
     def _startup_record(
@@ -241,7 +257,8 @@ class StartupRecorder:
     ) -> ParsedStart | None:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
-        if time.monotonic() < self._log_retry_at.get(attempt, 0.0):
+        failures, retry_at = self._log_retry.get(attempt, (0, 0.0))
+        if time.monotonic() < retry_at:
             return None  # its log was unreadable moments ago; do not ask on every event
         state = container.get("state") or {}
         started_at = (state.get("running") or state.get("terminated") or {}).get("startedAt")
@@ -263,12 +280,22 @@ class StartupRecorder:
             )
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
-            log.warning("Reading startup log failed pod=%s/%s status=%s", namespace, pod_name, error.status)
-            if len(self._log_retry_at) > LOG_RETRY_MEMORY:
-                self._log_retry_at.clear()
-            self._log_retry_at[attempt] = time.monotonic() + LOG_RETRY_SECONDS
+            retry_in = min(LOG_RETRY_SECONDS * 2**failures, LOG_RETRY_MAX_SECONDS)
+            log.log(
+                logging.DEBUG if failures else logging.WARNING,
+                "Reading startup log failed pod=%s/%s status=%s retryIn=%.0fs",
+                namespace,
+                pod_name,
+                error.status,
+                retry_in,
+            )
+            if len(self._log_retry) > LOG_RETRY_MEMORY:
+                self._log_retry.clear()
+            self._log_retry[attempt] = (failures + 1, time.monotonic() + retry_in)
             return None
-        self._log_retry_at.pop(attempt, None)
+        if failures:
+            log.info("Read startup log pod=%s/%s after %d failed reads", namespace, pod_name, failures)
+        self._log_retry.pop(attempt, None)
         # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
         phases = {**kube_phases, **timeline.phases}
         ready_gap = ready_gap_seconds(timeline.ready_at, pod) if role == "serve" else None
