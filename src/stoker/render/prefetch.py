@@ -23,6 +23,10 @@ warm import on CPU, bench/results/gc-imports-cpu.txt). Measured on two H100 host
 (bench/results/coldstart-h100.json and -run5.json, 6 repetitions each): imports 13.1 and 14.9 s instead of
 17.0 and 19.3 s (means), ready 26.6 and 27.6 s instead of 31.6 and 37.6 s (medians), decode unchanged. A
 `vllm` that is not a script of this python3 is exec'd as before.
+
+The tree it reads is the VLLMService author's: it opens regular files only, does not follow directory links,
+bounds its walk, the listing and its own address space, and says in one line why it skips anything
+(docs/in-pod-programs.md).
 """
 
 from __future__ import annotations
@@ -71,11 +75,12 @@ def read_ranges(
     request: int = 0,
 ) -> int:
     """Read the `(path, offset, length)` ranges into the page cache: `readers` threads take them in order
-    from one list, each range in one request (`request` > 0: requests of at most that size). With `gentle`
-    > 0, until `engine_started()` (polled) one thread reads alone, `gentle` bytes a request. `exact` (or
-    small requests): no kernel read-ahead beyond them. Returns the bytes read. Each thread holds one file
-    open at a time, and a buffer of the longest range it read; a file that is not (or no longer) a regular
-    file is passed by (checkpoint_ranges and listed_ranges report them)."""
+    from one iterable (checkpoint_ranges and listed_ranges generate them as they go), each range in one
+    request (`request` > 0: requests of at most that size). With `gentle` > 0, until `engine_started()`
+    (polled) one thread reads alone, `gentle` bytes a request. `exact` (or small requests): no kernel
+    read-ahead beyond them. Returns the bytes read; raises what generating the ranges raised. Each thread
+    holds one file open at a time, and a buffer of the longest range it read; a file that is not (or no
+    longer) a regular file is passed by (the generators report them)."""
     taken = iter(ranges)
     failed: list[Exception] = []
     lock = threading.Lock()
