@@ -52,6 +52,7 @@ def snapshot(obj: dict, children: dict | None = None, seed_jobs: list | None = N
     return Snapshot(
         body=obj,
         svc=svc,
+        rendered=render_children(svc),
         children=rendered,
         seed_jobs=seed_jobs or [],
         pods=[],

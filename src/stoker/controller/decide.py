@@ -8,6 +8,7 @@ carries fields only others set), which to delete, what the cache status becomes 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,9 @@ class Snapshot:
 
     body: Manifest
     svc: VLLMService
-    # Each rendered child's live object by (kind, name), None if absent; never the control Secret.
+    # What stoker renders for it (render_children, the Deployment at its replicas), and each rendered
+    # child's live object by (kind, name), None if absent; never the control Secret.
+    rendered: list[Manifest]
     children: dict[tuple[str, str], Manifest | None]
     seed_jobs: list[Manifest]  # Jobs labelled as this service's seeds, any key
     pods: list[Manifest]  # serving pods its Deployment's ReplicaSets created
@@ -207,8 +210,10 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         reused_facts=reused_facts,
         recheck_after=DELETION_RECHECK_SECONDS if seed_job_leaving else None,
     )
-    rendered = render_children(
-        svc, serving_replicas=0 if gate_closed else None, control_token=snap.control_token
+    rendered = (
+        render_children(svc, serving_replicas=0, control_token=snap.control_token)
+        if gate_closed
+        else snap.rendered
     )
     in_the_way += conflicts(
         uid,
@@ -226,7 +231,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     deployment = snap.children.get(("Deployment", deployment_name(svc.name)))
     facts = reused_facts or _facts_of_key(status, short_key)
     retain = compile_cache.retention_policy == "Retain" and snap.signing_key is not None
-    for child in rendered:
+    for child in map(copy.deepcopy, rendered):  # annotated and owned below: the snapshot stays as it was
         kind, name = child["kind"], child["metadata"]["name"]
         # A Job's pod template is immutable and its name carries the key: create it once, never update.
         if kind == "Job" and (seed_job is not None or seeded or seed_job_leaving):

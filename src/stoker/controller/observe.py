@@ -43,7 +43,8 @@ class Observer:
     ) -> Snapshot:
         namespace, name = str(svc.namespace), svc.name
         children: dict[tuple[str, str], Manifest | None] = {}
-        for child in render_children(svc, control_token=control_token):
+        rendered = render_children(svc, control_token=control_token)
+        for child in rendered:
             kind, child_name = child["kind"], child["metadata"]["name"]
             if kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
                 children[(kind, child_name)] = self._child(child["apiVersion"], kind, namespace, child_name)
@@ -89,6 +90,7 @@ class Observer:
         return Snapshot(
             body=body,
             svc=svc,
+            rendered=rendered,
             children=children,
             seed_jobs=seed_jobs,
             pods=pods,

@@ -4,6 +4,7 @@ Pure code (standard library only): the API models, the renderer, the phase parse
 read profiles; nothing else compares version strings.
 """
 
+import functools
 import re
 
 from stoker.engines.markers import Marker
@@ -74,6 +75,7 @@ def version_from_image(image: str) -> str | None:
     return found.group(1) if found is not None else None
 
 
+@functools.lru_cache(maxsize=1024)  # asked many times per rendering; a refusal raises again each time
 def resolve_engine_version(engine_version: str | None, image: str) -> str:
     """The version a spec runs: engineVersion, else the image tag's; raises UnsupportedEngineVersion."""
     version = engine_version or version_from_image(image)
