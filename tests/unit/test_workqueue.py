@@ -4,6 +4,8 @@ import threading
 import time
 
 from kubernetes.client.exceptions import ApiException
+from urllib3 import HTTPSConnectionPool
+from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from stoker.controller.kube import LeaseLost
 from stoker.controller.workqueue import GONE, WorkQueue
@@ -230,3 +232,24 @@ def test_a_lost_lease_stops_the_queue_without_a_retry(caplog):
     assert ran == ["a"]
     (line,) = caplog.records
     assert line.levelname == "ERROR" and "term over" in line.getMessage()
+
+
+def test_an_unreachable_api_server_is_one_error_whichever_request_met_it(caplog):
+    def refused(path: str) -> MaxRetryError:
+        pool = HTTPSConnectionPool("127.0.0.1", 1)
+        return MaxRetryError(pool, path, NewConnectionError(pool, "Failed to establish a new connection"))
+
+    errors = iter([refused("/apis/stoker.dev/v1alpha1/x"), refused("/api/v1/namespaces/ns/events")])
+
+    def handle(key, resync):
+        if (error := next(errors, None)) is not None:
+            raise error
+
+    queue = WorkQueue(handle, workers=1, retry_initial=0.01)
+    with caplog.at_level(logging.INFO, logger="stoker.controller.workqueue"):
+        queue.start()
+        queue.add(("ns", "a"), resync=False)
+        settle(queue, 0.2)
+    warning, recovered = caplog.records
+    assert "API server unreachable: " in warning.getMessage() and "/apis/" not in warning.getMessage()
+    assert recovered.getMessage() == "Reconcile recovered key=ns/a"

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError
 
 from stoker.controller.kube import LeaseLost
 from stoker.controller.metrics import URGENT_WAIT_SECONDS
@@ -214,13 +215,16 @@ class WorkQueue:
 
 def _oneline(error: Exception) -> str:
     """The error in one bounded line: for an API error its status and the server's message, not the
-    response headers and body the client puts in str()."""
+    response headers and body the client puts in str(); for an API server out of reach the cause without
+    the request's URL, so that one outage is one error whichever request met it."""
     if isinstance(error, ApiException):
         try:
             message = json.loads(error.body or "{}").get("message", "")
         except (ValueError, AttributeError):
             message = ""
         text = f"status={error.status} reason={error.reason} {message}"
+    elif isinstance(error, MaxRetryError) and error.reason is not None:
+        text = f"API server unreachable: {error.reason}"
     else:
         text = f"{type(error).__name__}: {error}"
     return " ".join(text.split())[:500]
