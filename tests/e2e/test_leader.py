@@ -129,8 +129,10 @@ def writes_by(cluster: Cluster, operator: Operator) -> list[tuple[float, str]]:
     user agent names its pid; kube.Kube)."""
     assert operator.process is not None
     agent = f"; pid {operator.process.pid})"
+    audit = cluster.work_dir / "logs" / "audit.jsonl"
+    assert audit.exists(), f"no audit log at {audit}: the cluster predates it; restart it"
     found = []
-    for line in (cluster.work_dir / "logs" / "audit.jsonl").read_text().splitlines():
+    for line in audit.read_text().splitlines():
         entry = json.loads(line)
         if entry.get("userAgent", "").endswith(agent):
             received = datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp()
