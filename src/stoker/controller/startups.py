@@ -14,7 +14,6 @@ depends on changed (`follow`: the object first seen, a new generation, a newly s
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import logging
 import statistics
 import threading
@@ -44,7 +43,14 @@ from stoker.controller.observe import JOB_NAME_LABEL
 from stoker.controller.ownership import created_by_deployment, owned_by
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
-from stoker.phases import CompileCache, kubernetes_phases, parse_log, summarize
+from stoker.phases import (
+    READY_GAP_PHASE,
+    CompileCache,
+    kubernetes_phases,
+    parse_log,
+    ready_gap_seconds,
+    summarize,
+)
 from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, with_logged_weights
 from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
@@ -66,8 +72,6 @@ log = logging.getLogger(__name__)
 # An unreadable log is asked for again after 10 s, doubling to 5 min; only its first failure is logged.
 LOG_RETRY_SECONDS = 10.0
 LOG_RETRY_MAX_SECONDS = 300.0
-# The phase after apiReady: from the engine's ready line to the pod's Ready condition (the probes' delay).
-READY_GAP_PHASE = "podReady"
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
 
 
@@ -298,7 +302,7 @@ class StartupRecorder:
         self._log_retry.pop(attempt, None)
         # Kubernetes' phases come before the process starts; totalSeconds counts from process start.
         phases = {**kube_phases, **timeline.phases}
-        ready_gap = ready_gap_seconds(timeline.ready_at, pod) if role == "serve" else None
+        ready_gap = ready_gap_seconds(pod, timeline.ready_at) if role == "serve" else None
         if ready_gap is not None:
             phases[READY_GAP_PHASE] = ready_gap
             metrics.STARTUP_READY_GAP_SECONDS.observe(ready_gap)
@@ -487,17 +491,6 @@ class StartupRecorder:
 
 def _startup_document(startup: Manifest) -> Manifest:
     return StartupStatus.model_validate(startup).model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def ready_gap_seconds(ready_at: dt.datetime | None, pod: Manifest) -> float | None:
-    """Seconds from the engine's ready line to the pod's Ready condition: what the probes added. Both
-    come from the node's clock; the condition's whole seconds may put it up to 1 s early, so never < 0."""
-    conditions: list[Manifest] = (pod.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), {})
-    became_ready = parse_time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None
-    if ready_at is None or became_ready is None:
-        return None
-    return max(0.0, (became_ready - ready_at).total_seconds())
 
 
 def _sample_summary(record: Manifest) -> Manifest:

@@ -1,11 +1,14 @@
-"""The phases before the vLLM process starts, from a pod (as the API returns it) and the pod's events."""
+"""Kubernetes' phases of a start, from a pod (as the API returns it) and the pod's events: those before the
+vLLM process starts, and the one after its engine is ready, until the pod is."""
 
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-KUBERNETES_PHASES = ("scheduling", "imagePull", "containerStart")
+# After the engine's ready line, until the pod's Ready condition: what the kubelet's probes add.
+READY_GAP_PHASE = "podReady"
+KUBERNETES_PHASES = ("scheduling", "imagePull", "containerStart", READY_GAP_PHASE)
 
 # kubelet: `Successfully pulled image "vllm/vllm-openai:v0.22.1" in 1m2.5s (1m3s including waiting). ...`
 _PULLED_IN = re.compile(
@@ -42,6 +45,19 @@ def kubernetes_phases(
     if scheduled is not None and started is not None:
         phases["containerStart"] = round(max(0.0, started - scheduled - (pull or 0.0)), 3)
     return phases
+
+
+def ready_gap_seconds(pod: Mapping[str, Any], ready_at: datetime | None) -> float | None:
+    """Seconds from the engine's ready line (`ready_at`, StartupTimeline.ready_at) to the pod's Ready
+    condition. Both come from the node's clock; the condition's whole seconds may put it up to 1 s early,
+    so never < 0. None unless the pod is Ready and the line's time is known."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            became_ready = _timestamp(condition.get("lastTransitionTime"))
+            if ready_at is None or became_ready is None:
+                return None
+            return max(0.0, became_ready - ready_at.timestamp())
+    return None
 
 
 def _scheduled_at(status: Mapping[str, Any]) -> float | None:
