@@ -223,3 +223,44 @@ def test_facts_out_of_range_never_reach_status(
     assert "model" not in status, status
     assert namespace not in read_class(fleet(kubectl), HARDWARE)
     assert sum(e.get("count") or 1 for e in events(kubectl, namespace, case)) < 20
+
+
+def patch_configmap(kubectl, data: dict, tmp_path: Path) -> None:
+    """Merge `data` into the coefficients ConfigMap (from a file: it may be larger than an argument)."""
+    kubectl(
+        "-n", CONFIGMAP_NAMESPACE, "create", *CONFIGMAP, check=False
+    )  # the operator's first write may be to come
+    patch = tmp_path / "configmap-patch.json"
+    patch.write_text(json.dumps({"data": data}))
+    kubectl("-n", CONFIGMAP_NAMESPACE, "patch", *CONFIGMAP, "--type=merge", "--patch-file", str(patch))
+
+
+def test_what_an_earlier_version_left_is_dropped_and_a_full_configmap_is_reported(
+    namespace, kubectl, operator, tmp_path
+):
+    """The issue's 905 KB ConfigMap, as an earlier version left it (one shared key per class that a 300,000
+    character dtype grew), is dropped at the next write; a ConfigMap filled by something else refuses no
+    write in silence: the VLLMService whose start it could not keep says so."""
+    legacy = {f"{HARDWARE.key}.observations.json": json.dumps([{"dtype": "b" * 900_000}])}
+    patch_configmap(kubectl, legacy, tmp_path)
+    seeded_service(kubectl, namespace, "after-upgrade", DATA / "seed-with-facts.log", tmp_path)
+    wait_for(lambda: namespace in read_class(fleet(kubectl), HARDWARE), what="the seed's start kept")
+    assert not set(legacy) & set(fleet(kubectl))
+
+    # 800 KB of someone else's in the ConfigMap: no room for stoker's entries.
+    foreign = {"someone-elses.txt": "x" * 800_000}
+    patch_configmap(kubectl, foreign, tmp_path)
+    try:
+        seeded_service(kubectl, namespace, "no-room", DATA / "seed-with-facts.log", tmp_path)
+
+        def told() -> list[dict]:
+            found = events(kubectl, namespace, "no-room")
+            return [e for e in found if "not learned from" in e["message"] and "no room" in e["message"]]
+
+        (event,) = wait_for(told, what="the refused start on its VLLMService")
+        assert event["type"] == "Warning"
+        assert wait_for(
+            lambda: expected_total(kubectl, namespace, "no-room"), what="a prediction all the same"
+        )
+    finally:
+        patch_configmap(kubectl, {"someone-elses.txt": None}, tmp_path)
