@@ -39,6 +39,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # not kopf's 0.1 s reconnects and 9 tries in 54 s: an outage costs a few lines a minute per watch.
     settings.watching.reconnect_backoff = 1.0
     settings.networking.error_backoffs = RetryForever()
+    # kopf logs every handler run at INFO ("Handler 'cache' succeeded."): lines per watch event, not per
+    # change of state. Its warnings and errors still show.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 class RetryForever:
@@ -48,9 +51,6 @@ class RetryForever:
 
     def __iter__(self) -> Iterator[float]:
         return itertools.chain((1.0, 2.0, 4.0, 8.0, 16.0), itertools.repeat(30.0))
-    # kopf logs every handler run at INFO ("Handler 'cache' succeeded."): lines per watch event, not per
-    # change of state. Its warnings and errors still show.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def spec_changed(body: Mapping[str, Any]) -> bool:
