@@ -2,9 +2,11 @@
 coefficients learned from it, on a work queue of its own.
 
 Reading logs, pod events and nodes is slow and can fail; none of it runs in the VLLMService's reconcile, so
-a slow log read delays only other log reads, never a child's write. The recorder is the one writer of
-`status.startup` (a merge patch of what changed); the reconcile copies it unchanged and reads from it
-whether the seed's run is recorded, the last start's compile cache and the model facts.
+a slow log read delays only other log reads, never a child's write. The recorder writes `status.startup`
+(a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded, the last
+start's compile cache and the model facts, and writes there only the facts a reused cache claim brings.
+Pods, Jobs and Deployments come from the reconcile's watch cache; the API server is asked for the object,
+logs, pod events and nodes.
 
 A run comes from a serving pod turning Ready, a seed Job finishing or a Deployment changing (its old pods
 gone: `last` may describe nothing that serves), and from the reconcile whenever what a prediction
