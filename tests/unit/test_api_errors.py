@@ -10,7 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from stoker.api import VLLMService, user_message
+from stoker.api.crd import build_crd
 from stoker.api.errors import field_path
+from stoker.api.models import PATTERN_RULES
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "stoker.dev/v1alpha1",
@@ -51,7 +53,7 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
     (
         with_spec(model={"name": "m", "source": {"s3": {"uri": "https://bucket/m"}}}),
         "spec.model.source.s3.uri",
-        "must match the pattern",
+        "must be s3://bucket/prefix",
     ),
     (
         with_spec(model={"name": "m", "source": {"pvc": {"claimName": "c"}, "s3": {"uri": "s3://bucket/m"}}}),
@@ -119,6 +121,15 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "must each name a volume",
     ),
     ({**MINIMAL, "metadata": {"name": "Not_DNS"}}, "metadata.name", "DNS-1035 label"),
+    (with_spec(coldStart={"compileCache": {"size": "lots"}}), "spec.coldStart.compileCache.size", "quantity"),
+    (with_spec(runtime={"env": [{"name": "1X", "value": "v"}]}), "spec.runtime.env[0].name", "variable name"),
+    (with_spec(runtime={"engineVersion": "latest"}), "spec.runtime.engineVersion", "version such as 0.26.0"),
+    (with_spec(pod={"serviceAccountName": "Admin"}), "spec.pod.serviceAccountName", "must be a DNS name"),
+    (
+        with_spec(pod={"volumes": [{"name": "v"}], "volumeMounts": [{"name": "v", "mountPath": "/a/../b"}]}),
+        "spec.pod.volumeMounts[0].mountPath",
+        "must be an absolute path",
+    ),
 ]
 
 
@@ -144,6 +155,21 @@ def test_every_broken_rule_gets_its_own_line() -> None:
         "spec.runtime.replicas: must be at least 0",
         "spec.runtime.gpus: must be at least 1",
     ]
+
+
+def test_every_pattern_of_the_spec_has_its_rule_in_words() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    patterns = set()
+    nodes = [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, dict):
+            patterns.add(node.get("pattern"))
+            nodes += node.values()
+        elif isinstance(node, list):
+            nodes += node
+    assert len(patterns - {None}) >= 6
+    assert patterns - {None} <= PATTERN_RULES.keys()
 
 
 def test_field_paths_read_as_kubectl_writes_them() -> None:

@@ -173,6 +173,7 @@ def test_user_flags_pass_the_model() -> None:
         ({"name": "--port=1"}, "model.name must not start with '-'"),
         ({"name": "-tp"}, "model.name must not start with '-'"),
         ({"name": "m/m", "servedModelName": "--served-model-name"}, "model.servedModelName must not start"),
+        ({"name": "m/m", "revision": "--port=1"}, "model.revision must not start"),
     ],
 )
 def test_model_and_served_names_are_not_flags(model: dict[str, str], message: str) -> None:

@@ -64,10 +64,13 @@ def _rule(error: ErrorDetails) -> str:
         "less_than": "must be less than {lt}",
         "less_than_equal": "must be at most {le}",
         "multiple_of": "must be a multiple of {multiple_of}",
-        "string_pattern_mismatch": "must match the pattern {pattern}",
     }
     if kind in bounds:
         return bounds[kind].format(**ctx)
+    if kind == "string_pattern_mismatch":
+        from stoker.api.models import PATTERN_RULES  # the models import this module
+
+        return PATTERN_RULES.get(ctx["pattern"], f"must match the pattern {ctx['pattern']}")
     if kind in ("literal_error", "enum"):
         return f"must be {ctx.get('expected', '')}".rstrip()
     # Anything else: pydantic's sentence without its subject ("Input should be ..." -> "must be ...").

@@ -213,6 +213,9 @@ _ENDPOINT_IS_HTTP_URL = (
 )
 
 
+S3_URI_PATTERN = r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$"
+
+
 class S3Source(_Model):
     """Weights streamed from object storage by the Run:ai streamer (`s3://bucket/prefix`)."""
 
@@ -227,7 +230,7 @@ class S3Source(_Model):
     )
 
     uri: SingleLine = Field(
-        pattern=r"^s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/.*)?$",
+        pattern=S3_URI_PATTERN,
         max_length=1024,
         description="s3://bucket/prefix of the model directory.",
     )
@@ -277,6 +280,7 @@ class ModelSource(_Model):
 
 _NAME_IS_FLAG = "model.name must not start with '-' (vLLM would read it as a flag)"
 _SERVED_NAME_IS_FLAG = "model.servedModelName must not start with '-' (vLLM would read it as a flag)"
+_REVISION_IS_FLAG = "model.revision must not start with '-' (vLLM would read it as a flag)"
 
 
 class ModelSpec(_Model):
@@ -290,6 +294,7 @@ class ModelSpec(_Model):
                 _SERVED_NAME_IS_FLAG,
                 ".servedModelName",
             ),
+            _cel("!has(self.revision) || !self.revision.startsWith('-')", _REVISION_IS_FLAG, ".revision"),
         )
     )
 
@@ -315,6 +320,8 @@ class ModelSpec(_Model):
             raise FieldError("name", _NAME_IS_FLAG)
         if self.served_model_name is not None and self.served_model_name.startswith("-"):
             raise FieldError("servedModelName", _SERVED_NAME_IS_FLAG)
+        if self.revision is not None and self.revision.startswith("-"):
+            raise FieldError("revision", _REVISION_IS_FLAG)
         return self
 
 
@@ -342,6 +349,9 @@ class Resources(_Model):
 _VALUE_XOR_VALUE_FROM = "value and valueFrom are mutually exclusive"
 
 
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 class EnvVar(_Model):
     """An environment variable of the engine container (a core/v1 EnvVar)."""
 
@@ -351,7 +361,7 @@ class EnvVar(_Model):
         )
     )
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256, description="Variable name.")
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=256, description="Variable name.")
     value: WithoutNul | None = Field(default=None, max_length=32768, description="Literal value.")
     value_from: FreeFormObject | None = Field(default=None, description="A core/v1 EnvVarSource.")
 
@@ -965,6 +975,20 @@ class VLLMServiceSpec(_Model):
             if any(var.name == API_KEY_ENV for var in self.runtime.env):
                 raise FieldError("runtime.env", _STANDBY_API_KEY_ENV)
         return self
+
+
+# Each `pattern` of the spec in words, for refusals in the user's terms (stoker.api.errors).
+_ALPHANUMERIC_ENDS = "starting and ending with a letter or digit"
+PATTERN_RULES = {
+    QUANTITY_PATTERN: "must be a quantity such as 20Gi, 500m or 8",
+    S3_URI_PATTERN: "must be s3://bucket/prefix, the bucket 3 to 63 lowercase letters, digits, '.' or '-'",
+    ENV_NAME_PATTERN: "must be a variable name: letters, digits and '_', not starting with a digit",
+    VERSION_PATTERN: "must be a version such as 0.26.0",
+    _DNS_1123_SUBDOMAIN: f"must be a DNS name: lowercase letters, digits, '-' and '.', {_ALPHANUMERIC_ENDS}",
+    _DNS_1123_LABEL: f"must be a DNS label: lowercase letters, digits and '-', {_ALPHANUMERIC_ENDS}",
+    _MOUNT_PATH: "must be an absolute path without empty, '.' or '..' segments or a trailing '/'",
+    _LABEL_VALUE: f"must be a label value: letters, digits, '-', '_' and '.', {_ALPHANUMERIC_ENDS}",
+}
 
 
 # -------------------------------------------------------------------------------------------- status
