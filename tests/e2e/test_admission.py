@@ -121,20 +121,17 @@ def tenant_namespace(namespace: str, kubectl) -> str:
     return namespace
 
 
-def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
-    result = kubectl(
-        "--as",
-        TENANT,
-        "-n",
-        namespace,
-        "create",
-        "--dry-run=server",
-        "-f",
-        "-",
-        input=json.dumps(manifest(spec)),
-        check=False,
+def dry_run(kubectl, namespace: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """The tenant's create of `spec`, through admission but not stored."""
+    obj = json.dumps(manifest(spec))
+    return kubectl(
+        "--as", TENANT, "-n", namespace, "create", "--dry-run=server", "-f", "-", input=obj, check=False
     )
-    return POLICY in result.stderr
+
+
+def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
+    result = dry_run(kubectl, namespace, spec)
+    return result.returncode != 0 and POLICY in result.stderr
 
 
 def install(kubectl, helm: Helm, *values: str) -> None:
@@ -515,8 +512,8 @@ def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, t
 
 
 def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_namespace: str) -> None:
-    """admission.allowedVolumeTypes and allowedPodLabelKeys admit a type and label keys for everyone;
-    admission.exemptNamespaces a namespace."""
+    """admission.allowedVolumeTypes and allowedPodLabelKeys admit a type and label keys for everyone,
+    admission.exemptNamespaces a namespace, and validationActions [Warn, Audit] only warns."""
     namespace = tenant_namespace
     labelled = {"pod": {**NFS["pod"], "labels": {"team": "search", "cost-center": "ml-42"}}}
     try:
@@ -546,6 +543,17 @@ def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_n
         )
         result = apply_as(kubectl, TENANT, namespace, manifest(HOST_PATH))
         assert result.returncode == 0, result.stderr
+        # A rollout's first step (docs/security.md): refusals become warnings.
+        install(kubectl, helm, "--set", "admission.validationActions={Warn,Audit}")
+        warning = f"Warning: Validation failed for ValidatingAdmissionPolicy '{POLICY}'"
+        wait_for(
+            lambda: warning in dry_run(kubectl, namespace, HOST_PATH).stderr, timeout=60, what="warnings"
+        )
+        kubectl("-n", namespace, "delete", "vllmservice", NAME)
+        result = apply_as(kubectl, TENANT, namespace, manifest(HOST_PATH))
+        assert result.returncode == 0, result.stderr
+        assert warning in result.stderr
+        assert f"spec.pod.volumes[0].hostPath: {TENANT} may not use this volume type" in result.stderr
     finally:
         install(kubectl, helm)
         wait_for(lambda: policy_refuses(kubectl, namespace, HOST_PATH), timeout=60, what="the defaults back")
