@@ -147,6 +147,8 @@ class Timeline:
         self.times: list[float] = []  # each event's arrival, for bisecting
         self.first_of_name: dict[str, float] = {}
         self.first_of_owner: dict[str, float] = {}
+        self.last_of_owner: dict[str, Sighting] = {}
+        self.last_of_name: dict[str, Sighting] = {}
         self.settled: set[str] = set()  # VLLMServices whose latest event says settled
         self.changed = threading.Condition()
 
@@ -171,8 +173,10 @@ class Timeline:
             self.events.append(seen)
             self.times.append(seen.at)
             self.first_of_name.setdefault(seen.name, seen.at)
+            self.last_of_name[seen.name] = seen
             if seen.owner is not None:
                 self.first_of_owner.setdefault(seen.owner, seen.at)
+                self.last_of_owner[seen.owner] = seen
             if seen.settled:
                 self.settled.add(seen.name)
             else:
@@ -594,7 +598,8 @@ def phases(
     }
     bench.say(f"quiet resync: {json.dumps(quiet)}")
 
-    # 3. `kubectl scale` of one service among --existing: replicas 2, 1, 2, ...
+    # 3. `kubectl scale` of one service among --existing: replicas 2, 1, 2, ... Each scale asks for a count
+    # that neither the service nor its Deployment has, so that each needs a write even after a late one.
     started = time.time()
     budget_end = time.monotonic() + args.scale_budget
     target = manifest(0)["metadata"]["name"]
@@ -604,7 +609,9 @@ def phases(
             bench.say(f"scale budget of {args.scale_budget} s spent after {runs} scales")
             break
         runs += 1
-        replicas = 2 if index % 2 == 0 else 1
+        with services.changed, deployments.changed:
+            now = {services.last_of_name[target].replicas, deployments.last_of_owner[target].replicas}
+        replicas = next(n for n in (1, 2, 3) if n not in now)
         command = [kubectl, "-n", NAMESPACE, "scale", f"{PLURAL}/{target}", f"--replicas={replicas}"]
         timed = timed_scale(command, kube_env, target, replicas, services, deployments, args.scale_timeout)
         if timed is None:
