@@ -218,9 +218,39 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def operator_metrics(port: int) -> str:
+    """The operator's Prometheus exposition; empty if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
 def metric_total(exposition: str, name: str) -> float:
-    """Sum of a counter's series; 0 if this operator version does not export it."""
-    return sum(float(line.split()[-1]) for line in exposition.splitlines() if line.startswith(f"{name}{{"))
+    """Sum of a metric's series; 0 if this operator version does not export it."""
+    return sum(
+        float(line.split()[-1])
+        for line in exposition.splitlines()
+        if line.startswith(f"{name}{{") or line.startswith(f"{name} ")
+    )
+
+
+def metric_mean(exposition: str, histogram: str) -> float | None:
+    """A histogram's mean over all its series; None if this operator version does not export it."""
+    count = metric_total(exposition, f"{histogram}_count")
+    return round(metric_total(exposition, f"{histogram}_sum") / count, 3) if count else None
+
+
+def probe_api(core: client.CoreV1Api, samples: list[tuple[float, float]], stop: threading.Event) -> None:
+    """(wall time, seconds) of a trivial GET every half second: how loaded the API server and machine are."""
+    while not stop.wait(0.5):
+        started = time.monotonic()
+        try:
+            cast(Any, core.read_namespace(NAMESPACE, _preload_content=False)).read()
+        except Exception:  # an answer that fails is no latency sample; the run goes on
+            continue
+        samples.append((time.time(), time.monotonic() - started))
 
 
 # ---------------------------------------------------------------------------------------------- audit
@@ -420,6 +450,10 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
     stop = threading.Event()
     for timeline in (services, deployments, replica_sets):
         threading.Thread(target=timeline.follow, args=(stop,), daemon=True).start()
+    api_latencies: list[tuple[float, float]] = []
+    threading.Thread(
+        target=probe_api, args=(client.CoreV1Api(api_client), api_latencies, stop), daemon=True
+    ).start()
 
     metrics_port = args.metrics_port
     operator_log_path = Path(args.operator_log)
@@ -450,6 +484,13 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
         wait_live(operator, metrics_port + 1)
         time.sleep(1)  # the watches are established before the first create
         figures = phases(bench, operator, services, deployments, replica_sets, api_client, kube_env, kubectl)
+        # Where the operator's seconds go, if this version of it says.
+        exposition = operator_metrics(metrics_port)
+        figures["operatorMetrics"] = {
+            "reconciles": int(metric_total(exposition, "stoker_reconcile_total")),
+            "meanReconcileSeconds": metric_mean(exposition, "stoker_reconcile_duration_seconds"),
+            "meanUrgentQueueWaitSeconds": metric_mean(exposition, "stoker_workqueue_urgent_wait_seconds"),
+        }
     finally:
         stop.set()
         operator.terminate()
@@ -471,6 +512,10 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
     else:
         bench.say("no audit log: hack/cluster did not pass APISERVER_EXTRA_ARGS on; writes not counted")
     figures["loadAverageAtPhaseEnd"] = bench.loads
+    figures["apiServerGetSecondsByPhase"] = {
+        phase: summary([seconds for at, seconds in api_latencies if start <= at < end])
+        for phase, (start, end) in bench.phases.items()
+    }
     log_lines = operator_log_path.read_text(errors="replace").splitlines()
     levels = Counter(word for line in log_lines for word in line.split()[2:3])
     bench.say(f"operator log: {len(log_lines)} lines, by level {dict(levels)}; last lines:")
@@ -519,13 +564,7 @@ def phases(
 
     def reconciles() -> float:
         """The operator's reconcile counter; 0 if this version of it has none."""
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{args.metrics_port}/metrics", timeout=10
-            ) as response:
-                return metric_total(response.read().decode(), "stoker_reconcile_total")
-        except OSError:
-            return 0.0
+        return metric_total(operator_metrics(args.metrics_port), "stoker_reconcile_total")
 
     def fill(count: int, deadline: float) -> tuple[bool, int]:
         """Wait until `count` services have a Deployment and are settled; returns (all deployed, settled)."""
