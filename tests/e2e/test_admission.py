@@ -200,6 +200,8 @@ GRANTS = {
     "ConfigMap": ("", "configmaps", "get"),
     "PersistentVolumeClaim": ("", "persistentvolumeclaims", "use"),
     "PriorityClass": ("scheduling.k8s.io", "priorityclasses", "use"),
+    # An ephemeral volume's claim that clones or binds existing data: what creating it directly needs.
+    "PersistentVolumeClaim made from existing data": ("", "persistentvolumeclaims", "create"),
 }
 
 
@@ -305,6 +307,30 @@ CASES: dict[str, Case] = {
         "PersistentVolumeClaim",
         "other-team-weights",
     ),
+    "ephemeral-claim-cloning-a-pvc": (
+        volume(
+            {
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}},
+                            "dataSource": {"kind": "PersistentVolumeClaim", "name": "other-team-data"},
+                        }
+                    }
+                }
+            }
+        ),
+        "spec.pod.volumes[0].ephemeral.volumeClaimTemplate.spec.dataSource",
+        "PersistentVolumeClaim made from existing data",
+        "",
+    ),
+    "ephemeral-claim-binding-a-volume": (
+        volume({"ephemeral": {"volumeClaimTemplate": {"spec": {"volumeName": "pv-of-another-team"}}}}),
+        "spec.pod.volumes[0].ephemeral.volumeClaimTemplate.spec.volumeName",
+        "PersistentVolumeClaim made from existing data",
+        "",
+    ),
     "priority-class": (
         {"pod": {"priorityClassName": "system-node-critical"}},
         "spec.pod.priorityClassName",
@@ -322,13 +348,17 @@ def test_field_is_refused_until_the_tenant_may_use_that_object(
     namespace = tenant_namespace
     assert not may(kubectl, namespace, TENANT, "create", "pods")
     message = refusal(apply_as(kubectl, TENANT, namespace, manifest(spec)))
-    assert message.startswith(f"{field}: {TENANT} may not use {kind} {name} in namespace {namespace} "), (
-        message
-    )
+    named = f"{kind} {name}" if name else kind  # a claim yet to be made has no name to grant
+    assert message.startswith(f"{field}: {TENANT} may not use {named} in namespace {namespace} "), message
     assert get_json(kubectl, "-n", namespace, "vllmservice", NAME) is None
 
     group, resource, verb = GRANTS[kind]
-    rule = {"apiGroups": [group], "resources": [resource], "resourceNames": [name], "verbs": [verb]}
+    rule = {
+        "apiGroups": [group],
+        "resources": [resource],
+        "resourceNames": [name] if name else [],
+        "verbs": [verb],
+    }
     bind(kubectl, namespace, TENANT, rule, "exactly-that-object")
     accepted = apply_as(kubectl, TENANT, namespace, manifest(spec))
     assert accepted.returncode == 0, accepted.stderr
@@ -421,11 +451,13 @@ EVERYTHING: dict[str, Any] = {
 
 
 def test_a_spec_naming_nothing_is_accepted(kubectl, policy: None, tenant_namespace: str) -> None:
-    harmless = {
-        "pod": {
-            "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "info", "downwardAPI": {"items": []}}]
-        }
-    }
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    volumes = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "info", "downwardAPI": {"items": []}},
+        {"name": "fresh", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}},  # empty, as stoker's cache
+    ]
+    harmless = {"pod": {"volumes": volumes}}
     result = apply_as(kubectl, TENANT, tenant_namespace, manifest(harmless))
     assert result.returncode == 0, result.stderr
 
