@@ -9,6 +9,7 @@ import sys
 
 import kopf
 import prometheus_client
+import urllib3
 from kubernetes.client.exceptions import ApiException
 from pydantic import SecretStr, ValidationError
 
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
     if settings.control_key is None and settings.control_key_secret:
         try:
             key = ensure_control_key(kube, settings.operator_namespace, settings.control_key_secret)
-        except (ApiException, ControlKeyError) as error:
+        except (ApiException, ControlKeyError, urllib3.exceptions.HTTPError) as error:
             print(f"cannot get the control key: {error}", file=sys.stderr)
             return 2
         settings = settings.model_copy(update={"control_key": SecretStr(key)})
