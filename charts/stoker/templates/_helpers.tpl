@@ -97,7 +97,7 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["persistentvolumeclaims", "services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch", "delete"]
@@ -109,7 +109,7 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["list", "create"]
+  verbs: ["list", "create", "patch"]
 {{- end -}}
 
 {{/*
