@@ -1105,6 +1105,24 @@ class StartupSummary(_StatusModel):
     max_total_seconds: float | None = Field(default=None, description="Largest totalSeconds.")
 
 
+class HostFactsStatus(_StatusModel):
+    """What the phases scale with on the node the seed ran on, measured by the seed (stoker.predict.host)."""
+
+    cpu_seconds: float | None = Field(
+        default=None,
+        description="Wall seconds of a fixed single-thread Python workload (best of 3): the CPU-bound phases"
+        " (imports, model inspection, Dynamo, compiled-graph loading, engine start) scale with it.",
+    )
+    disk_bytes_per_second: float | None = Field(
+        default=None,
+        description="Sequential read bandwidth of the volume holding the checkpoint (up to 256 MiB of its"
+        " largest weight file, read from the disk): weight loading scales with it.",
+    )
+    gpu_product: str | None = Field(default=None, description="GPU product, as nvidia-smi names it.")
+    gpu_memory_bytes: int | None = Field(default=None, description="Memory of one GPU.")
+    gpu_count: int | None = Field(default=None, description="GPUs the seed pod was given.")
+
+
 class ModelFactsStatus(_StatusModel):
     """The model's facts as the seed Job read them from the model directory (stoker.predict.facts)."""
 
@@ -1131,6 +1149,11 @@ class ModelFactsStatus(_StatusModel):
             " (to 0.01 GiB)."
         ),
     )
+    host: HostFactsStatus | None = Field(
+        default=None,
+        description="The host facts the seed measured next to the model's: a hardware class without"
+        " observed starts is predicted from them.",
+    )
 
 
 class ExpectedStartup(_StatusModel):
@@ -1153,6 +1176,13 @@ class ExpectedStartup(_StatusModel):
     source: Literal["shipped", "fleet"] | None = Field(
         default=None,
         description="shipped: the defaults stoker ships; fleet: refitted from this cluster's starts.",
+    )
+    until_serving_seconds: float | None = Field(
+        default=None,
+        description="Expected seconds from a new serving pod's creation until it serves: totalSeconds plus"
+        " the Kubernetes phases of the last serving start (scheduling, imagePull, containerStart and"
+        " podReady, its readiness gap). An autoscaler's scale-up lead time (docs/prediction.md, For"
+        " autoscalers).",
     )
     reason: str | None = Field(
         default=None, description="Why there is no prediction (no model facts, no coefficients)."

@@ -3,6 +3,7 @@ the expected-vs-observed gauges one series per VLLMService and phase, removed wi
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -63,6 +64,13 @@ STARTUP_OBSERVED_SECONDS = Gauge(
     "Seconds the last serving start took per engine phase (phase=total: process start to serving).",
     ["namespace", "name", "phase"],
 )
+STARTUP_UNTIL_SERVING_SECONDS = Gauge(
+    "stoker_startup_until_serving_seconds",
+    "Expected seconds from a new serving pod's creation until it serves (status.startup.expected"
+    ".untilServingSeconds): the predicted engine phases plus the last serving start's Kubernetes phases and"
+    " readiness gap. An autoscaler's scale-up lead time.",
+    ["namespace", "name"],
+)
 
 # The phases each gauge has a series of, per VLLMService, so that phases that stop applying (and the
 # object, once deleted) lose their series.
@@ -85,6 +93,16 @@ def set_startup_seconds(gauge: Gauge, service: tuple[str, str], seconds: dict[st
             _labelled.pop((gauge, service), None)
 
 
+def set_until_serving_seconds(service: tuple[str, str], seconds: float | None) -> None:
+    """One VLLMService's series of STARTUP_UNTIL_SERVING_SECONDS, none while there is no prediction."""
+    if seconds is not None:
+        STARTUP_UNTIL_SERVING_SECONDS.labels(*service).set(seconds)
+        return
+    with contextlib.suppress(KeyError):  # none was set
+        STARTUP_UNTIL_SERVING_SECONDS.remove(*service)
+
+
 def forget_service(namespace: str, name: str) -> None:
     for gauge in _PER_SERVICE_GAUGES:
         set_startup_seconds(gauge, (namespace, name), {})
+    set_until_serving_seconds((namespace, name), None)

@@ -420,6 +420,9 @@ class StartupRecorder:
         metrics.set_startup_seconds(
             metrics.STARTUP_EXPECTED_SECONDS, (meta["namespace"], meta["name"]), expected_seconds
         )
+        metrics.set_until_serving_seconds(
+            (meta["namespace"], meta["name"]), expected.get("untilServingSeconds")
+        )
 
     def _observe(
         self, body: Manifest, svc: VLLMService, startup: Manifest, start: ParsedStart, facts: ModelFacts
@@ -477,7 +480,7 @@ class StartupRecorder:
             prediction = predict(facts, settings, coefficients)
         except ValueError as error:
             return {"reason": f"no prediction: {error}"}
-        return expected_status(prediction, hardware, settings.cache_state)
+        return expected_status(prediction, hardware, settings.cache_state, last.get("phases"))
 
     def _write(self, body: Manifest, before: Manifest, after: Manifest) -> None:
         """A merge patch of status.startup alone, through the status model, only if it changed."""

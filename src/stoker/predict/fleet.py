@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stoker.phases import KUBERNETES_PHASES
 from stoker.predict.model import (
     MAX_NAMESPACE_STARTS,
     CoefficientSet,
@@ -79,11 +80,20 @@ def on_node(service_class: HardwareClass, node_product: str | None) -> HardwareC
     )
 
 
-def expected_status(prediction: Prediction, hardware: HardwareClass, cache_state: str) -> dict[str, Any]:
-    """`status.startup.expected`: the predicted phases and total, and what they were predicted from."""
+def expected_status(
+    prediction: Prediction,
+    hardware: HardwareClass,
+    cache_state: str,
+    last_phases: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """`status.startup.expected`: the predicted phases and total, what they were predicted from, and the
+    seconds until a new serving pod serves: the Kubernetes phases the last serving start took (`last_phases`:
+    scheduling, image pull, container start, the readiness gap) around the predicted engine phases."""
+    kubernetes_seconds = sum((last_phases or {}).get(phase, 0.0) for phase in KUBERNETES_PHASES)
     return {
         "phases": {phase: round(seconds, 2) for phase, seconds in prediction.phases.items()},
         "totalSeconds": round(prediction.total_seconds, 2),
+        "untilServingSeconds": round(prediction.total_seconds + kubernetes_seconds, 2),
         "cacheState": cache_state,
         "hardware": hardware.key,
         "coefficients": prediction.coefficient_set,

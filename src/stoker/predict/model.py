@@ -44,6 +44,13 @@ MAX_LABEL_LENGTH = 63 + 1 + 253 + 1 + 10
 # Starts kept per namespace and hardware class (the operator keeps fewer: `coefficients_observations`).
 MAX_NAMESPACE_STARTS = 50
 _SHORT_TEXT = 64
+# The host facts' physical ranges: the seed's workload (stoker.predict.host) takes ~0.1 s on a current core
+# and more than a minute on none; a volume reads between 100 kB/s (a starved network share) and 1 TB/s
+# (beyond any disk: a read that fast came from memory); a GPU holds at most a few TiB.
+MAX_CPU_SECONDS = 60.0
+MIN_DISK_BYTES_PER_SECOND = 1e5
+MAX_DISK_BYTES_PER_SECOND = 1e12
+MAX_GPU_MEMORY_BYTES = 1 << 42
 
 PhaseSeconds = Annotated[float, Field(ge=0.0, le=MAX_PHASE_SECONDS, allow_inf_nan=False)]
 
@@ -55,8 +62,40 @@ class _Document(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+class HostFacts(_Document):
+    """What the phases scale with on the host a start ran on (`stoker.predict.host.measure_host`); each
+    fact is absent where it was not measured."""
+
+    # Wall seconds of the seed's fixed single-thread Python workload: the CPU-bound phases scale with it.
+    cpu_seconds: float | None = Field(
+        default=None, gt=0.0, le=MAX_CPU_SECONDS, allow_inf_nan=False, exclude_if=lambda value: value is None
+    )
+    # One reader's sequential read of the checkpoint's volume: weight loading from the disk scales with it.
+    disk_bytes_per_second: float | None = Field(
+        default=None,
+        ge=MIN_DISK_BYTES_PER_SECOND,
+        le=MAX_DISK_BYTES_PER_SECOND,
+        allow_inf_nan=False,
+        exclude_if=lambda value: value is None,
+    )
+    gpu_product: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[^_\s]+$",
+        exclude_if=lambda value: value is None,
+    )
+    gpu_memory_bytes: int | None = Field(
+        default=None, ge=0, le=MAX_GPU_MEMORY_BYTES, exclude_if=lambda value: value is None
+    )
+    gpu_count: int | None = Field(
+        default=None, ge=0, le=MAX_TENSOR_PARALLEL, exclude_if=lambda value: value is None
+    )
+
+
 class ModelFacts(_Document):
-    """What `read_model_facts` reads from a model directory."""
+    """What `read_model_facts` reads from a model directory, and the host facts the seed measured next to
+    it (`host`, absent from a directory read elsewhere, e.g. by `stoker predict`)."""
 
     checkpoint_bytes: int = Field(ge=0, le=MAX_CHECKPOINT_BYTES)
     layers: int = Field(ge=0, le=MAX_LAYERS)
@@ -72,6 +111,7 @@ class ModelFacts(_Document):
     checkpoint_bytes_source: CheckpointBytesSource | None = Field(
         default=None, exclude_if=lambda source: source is None
     )
+    host: HostFacts | None = Field(default=None, exclude_if=lambda host: host is None)
 
 
 class EngineSettings(_Document):
@@ -180,6 +220,9 @@ class CoefficientSet(_Document):
     # What the fit saw, in words (shape names, a note); the observations themselves when shipped.
     fitted_on: list[str] = Field(default_factory=list)
     observations: list[Observation] = Field(default_factory=list)
+    # The host the fits hold for: a start on another host is predicted scaled by their host facts
+    # (stoker.predict.predictor.host_factor), and a start observed on another host is fitted scaled back.
+    host: HostFacts | None = Field(default=None, exclude_if=lambda host: host is None)
 
 
 class Prediction(_Document):

@@ -34,6 +34,7 @@ from stoker.predict.model import (
     CoefficientSource,
     EngineSettings,
     HardwareClass,
+    HostFacts,
     ModelFacts,
     Observation,
     PhaseFit,
@@ -127,6 +128,48 @@ PHASE_MODELS: dict[str, PhaseModel] = {
 }
 
 
+# What a phase's seconds scale with from one host to another (the paper: the phases are CPU-bound, one
+# thread mostly; weights are bytes over the disk). Python start-up and imports, model inspection, the
+# engine process's start (imports again, the tokenizer), Dynamo's tracing, Inductor's compile, loading
+# compiled graphs, graph capture (kernel launches from Python), the JIT warm-up and the API server's start
+# run on the CPU; weight loading reads the disk, or memory after the read-ahead; memory profiling is the
+# GPU's own work, not scaled.
+CPU_PHASES = frozenset(
+    {
+        "bootstrap",
+        "modelInfo",
+        "engineStart",
+        "dynamo",
+        "compile",
+        "compileLoad",
+        "graphCapture",
+        "jitWarmup",
+        "apiReady",
+    }
+)
+WEIGHT_PHASE = "weightLoad"
+
+
+def host_factor(
+    phase: str, settings: EngineSettings, host: HostFacts | None, reference: HostFacts | None
+) -> float:
+    """How many times as long `phase` takes on `host` as on `reference` (1 where either lacks the fact it
+    scales with): the CPU phases with the seed's workload seconds, weight loading with the disk's read
+    bandwidth, or with the CPU after the read-ahead (it then reads memory; `predict` bounds it below by
+    what the disk cannot have read yet)."""
+    if host is None or reference is None:
+        return 1.0
+    if phase == WEIGHT_PHASE and not settings.read_ahead:
+        if host.disk_bytes_per_second is None or reference.disk_bytes_per_second is None:
+            return 1.0
+        return reference.disk_bytes_per_second / host.disk_bytes_per_second
+    if phase in CPU_PHASES or phase == WEIGHT_PHASE:
+        if host.cpu_seconds is None or reference.cpu_seconds is None:
+            return 1.0
+        return host.cpu_seconds / reference.cpu_seconds
+    return 1.0
+
+
 def regime_of(phase: str, settings: EngineSettings) -> str:
     return PHASE_MODELS[phase].regime(settings)
 
@@ -162,7 +205,12 @@ def predict(facts: ModelFacts, settings: EngineSettings, coefficients: Coefficie
             # The best-supported regime of this phase stands in, and the prediction says so.
             regime, fit = max(fits.items(), key=lambda item: item[1].samples)
             fallbacks[phase] = regime
-        phases[phase] = round(max(0.0, _evaluate(fit, facts, settings)), 3)
+        seconds = _evaluate(fit, facts, settings) * host_factor(
+            phase, settings, facts.host, coefficients.host
+        )
+        if phase == WEIGHT_PHASE and settings.read_ahead:
+            seconds = max(seconds, _unread_seconds(facts, sum(phases.values())))
+        phases[phase] = round(max(0.0, seconds), 3)
     return Prediction(
         phases=phases,
         total_seconds=round(sum(phases.values()), 3),
@@ -170,6 +218,14 @@ def predict(facts: ModelFacts, settings: EngineSettings, coefficients: Coefficie
         source=coefficients.source,
         fallbacks=fallbacks,
     )
+
+
+def _unread_seconds(facts: ModelFacts, elapsed: float) -> float:
+    """The read-ahead starts with the process: after `elapsed` seconds, the seconds the host's disk still
+    needs for the rest of the checkpoint (0 without its bandwidth)."""
+    if facts.host is None or facts.host.disk_bytes_per_second is None:
+        return 0.0
+    return facts.checkpoint_bytes / facts.host.disk_bytes_per_second - elapsed
 
 
 def _as_run_on(coefficients: CoefficientSet, settings: EngineSettings) -> EngineSettings:
@@ -190,6 +246,7 @@ def fit(
     fitted_on: Sequence[str] = (),
     prior_weight: float = PRIOR_WEIGHT,
     robust: bool = False,
+    host: HostFacts | None = None,
 ) -> CoefficientSet:
     """Least squares per phase and regime, pulled toward `prior` as if it were `prior_weight` observations;
     `robust`: Huber's loss instead, so that a start far off the others pulls only a bounded amount (for
@@ -198,7 +255,12 @@ def fit(
     Fits of the prior that no observation touches are kept as they are. `hardware` defaults to the prior's.
     A refit takes the shipped set as its prior and all observed starts, not its own previous result (which
     would count the same starts again).
+
+    The fits hold for `host` (default: the prior's): a start observed on another host counts with its
+    phases scaled to it (`host_factor`), where both hosts' facts say.
     """
+    if host is None and prior is not None:
+        host = prior.host
     if hardware is None:
         if prior is None:
             raise ValueError("fit needs the hardware key, or a prior coefficient set to take it from")
@@ -213,18 +275,30 @@ def fit(
     }
     for (phase, regime), members in sorted(groups.items()):
         prior_fit = prior.phases.get(phase, {}).get(regime) if prior is not None else None
-        phases.setdefault(phase, {})[regime] = _fit_phase(phase, members, prior_fit, prior_weight, robust)
-    return CoefficientSet(hardware=hardware, source=source, phases=phases, fitted_on=list(fitted_on))
+        phases.setdefault(phase, {})[regime] = _fit_phase(
+            phase, members, prior_fit, prior_weight, robust, host
+        )
+    return CoefficientSet(
+        hardware=hardware, source=source, phases=phases, fitted_on=list(fitted_on), host=host
+    )
 
 
 def _fit_phase(
-    phase: str, observations: list[Observation], prior: PhaseFit | None, prior_weight: float, robust: bool
+    phase: str,
+    observations: list[Observation],
+    prior: PhaseFit | None,
+    prior_weight: float,
+    robust: bool,
+    host: HostFacts | None,
 ) -> PhaseFit:
     names = PHASE_MODELS[phase].features
     design = np.array(
         [[1.0, *(FEATURES[name](o.facts, o.settings) for name in names)] for o in observations], dtype=float
     )
-    measured = np.array([o.phases[phase] for o in observations], dtype=float)
+    measured = np.array(
+        [o.phases[phase] / host_factor(phase, o.settings, o.facts.host, host) for o in observations],
+        dtype=float,
+    )
     if prior is not None:
         target = np.array([prior.intercept, *(prior.weights.get(name, 0.0) for name in names)])
     else:

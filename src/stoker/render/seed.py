@@ -8,6 +8,7 @@ import inspect
 from stoker.api import VLLMService
 from stoker.engines import EngineFlags
 from stoker.predict.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, read_model_facts
+from stoker.predict.host import HOST_FACTS_KEY, measure_host
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
 from stoker.render.engine import PORT, EngineInvocation, engine_invocation
 from stoker.render.names import (
@@ -46,11 +47,16 @@ SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
 # local Hugging Face cache snapshot; nothing for a streamer URI or a model it cannot read. It reads in a
 # thread of its own for at most FACTS_SECONDS: a file that blocks it (on a hung volume) leaves the seed to
 # finish without facts. A line longer than the operator parses (MAX_FACTS_LINE_LENGTH) is not printed.
+# The same thread then measures the host (measure_host, about two seconds while the server idles: CPU
+# speed, the checkpoint volume's read bandwidth, the GPUs), reported under the line's `host` key.
 FACTS_SECONDS = 30
 SEED_MODEL_FACTS = (
     "from __future__ import annotations\n\n"
     "import atexit, json, os, signal, subprocess, sys, threading, time, urllib.request\n\n\n"
-    + "\n\n".join(inspect.getsource(f) for f in (SkipLines, read_model_facts))
+    + "\n\n".join(
+        inspect.getsource(f)
+        for f in (SkipLines, open_regular, resident_pages, read_model_facts, measure_host)
+    )
     + f"""
 
 # What the seed passes by, one line each: stdout, with the rest of the seed's lines.
@@ -76,7 +82,9 @@ def model_facts_line(argv):
         model_dir = local_model_dir(argv)
         if not model_dir:
             return None
-        document = json.dumps(read_model_facts(model_dir, skipped), sort_keys=True)
+        facts = read_model_facts(model_dir, skipped)
+        facts[{HOST_FACTS_KEY!r}] = measure_host(model_dir, skipped)
+        document = json.dumps(facts, sort_keys=True)
     except Exception as error:
         return f"stoker-seed: no model facts ({{error!r:.300}})"
     if len(document) > {MAX_FACTS_LINE_LENGTH}:
@@ -106,10 +114,7 @@ def print_model_facts(argv, seconds={FACTS_SECONDS}):
 SEED_WRAPPER = (
     SEED_MODEL_FACTS
     + "\n\n"
-    + "\n\n".join(
-        inspect.getsource(f)
-        for f in (open_regular, walk_files, server_has_child, files_under, evict_pages, resident_pages)
-    )
+    + "\n\n".join(inspect.getsource(f) for f in (walk_files, server_has_child, files_under, evict_pages))
     + f"""
 
 listing, argv = sys.argv[2], sys.argv[sys.argv.index("--") + 1 :]  # --pages LISTING -- vllm serve ...
