@@ -2,10 +2,13 @@
 
 For each version, every prefix of every owned flag (with `-` and `_`, the value after `=` or in the next
 argument, with no value), dotted and JSON forms of `--compilation-config` / `-cc`, short aliases, `--config
-FILE` and bare values are appended to the arguments stoker renders, and vLLM's parser reads them
-(tests/conformance/vllm_serve_parse.py, run by a vLLM interpreter). Whenever a spelling changes a value
-stoker owns, stoker's validator (the pydantic model; the CRD's CEL rule is the same regex) must refuse it;
-a set of ordinary user flags must pass both.
+FILE`, `-O` with anything after it, JSON values of other flags naming owned keys, and bare values are
+appended to the arguments stoker renders, and vLLM's parser reads them (tests/conformance/vllm_serve_parse.py,
+run by a vLLM interpreter). Whenever a spelling changes a value stoker owns, stoker's validator (the pydantic
+model; the CRD's CEL rule is the same regex) must refuse it; a set of ordinary user flags must pass both.
+The other way round, from vLLM's side: every option of the release's own parser is tried with a set of
+values, and each option that reaches an owned value must be refused in every spelling argparse maps to it
+(each abbreviation, `_` for `-`), and be one that stoker's list names.
 
 Where it runs: wherever a real vLLM CPU environment exists under ~/.cache/stoker/vllm (hack/vllm-venv on the
 `conformance` branch builds ~/.cache/stoker/vllm/<version>). A version without its own environment is
@@ -43,6 +46,7 @@ from stoker.api.flags import (
     OWNED_JSON_KEYS,
     OWNED_LONG_FLAGS,
     OWNED_SHORT_FLAGS,
+    sets_owned_flag,
 )
 from stoker.render import engine_invocation
 
@@ -89,6 +93,24 @@ VALUES = {
     "compilation-config": '{"cudagraph_mode": "NONE", "max_cudagraph_capture_size": 8}',
     "api-key": "secret",
 }
+OWNED_JSON = VALUES["compilation-config"]
+# Issue 23, item 5: `-O` with JSON or a key after it, older vLLM's capture-sizes flag, owned compilation keys
+# inside other flags' JSON values. stoker refuses each; the test prints what each release makes of them.
+ROUTES_AROUND_CAPTURE_SIZES = [
+    ["-O", OWNED_JSON],
+    [f"-O{OWNED_JSON}"],
+    [f"-O={OWNED_JSON}"],
+    ["-O.cudagraph_capture_sizes=[8]"],
+    ["-O=.cudagraph_mode=NONE"],
+    ["-O4"],
+    ["--cuda-graph-sizes", "8"],
+    ["--cuda-graph-sizes=8,16"],
+    *(
+        [flag, value]
+        for flag in ("--speculative-config", "--additional-config", "--hf-overrides", "--kv-transfer-config")
+        for value in (f'{{"compilation_config": {OWNED_JSON}}}', OWNED_JSON)
+    ),
+]
 KEY_VALUES = {"cudagraph_capture_sizes": "[8]", "max_cudagraph_capture_size": "8", "cudagraph_mode": "NONE"}
 BENIGN = [
     ["--max-num-seqs", "64"],
@@ -165,10 +187,11 @@ def candidates(config_file: Path) -> list[list[str]]:
                 spellings += [[f"{flag}.{spelled}={value}"], [f"{flag}.{spelled}", value]]
                 spellings.append([f"{flag}.{spelled}+=8,16"])
     spellings += [["-O3"], ["-O", "3"], ["-O.cudagraph_mode=NONE"], ["--config", str(config_file)]]
-    return spellings
+    return spellings + ROUTES_AROUND_CAPTURE_SIZES
 
 
-def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str] | None]:
+def ask_vllm(version: str, request: dict[str, Any]) -> list[Any]:
+    """The runner's JSON lines for `request`, from `version`'s own parser."""
     environment = vllm_environment(version)
     if environment is None:
         reason = f"no vLLM environment for {version} under {VLLM_CACHE} (see this module's docstring)"
@@ -176,7 +199,6 @@ def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str]
             pytest.fail(reason)
         pytest.skip(reason)
     python, extra_env = environment
-    request = {"argvs": argvs, "json_flag_dest": JSON_FLAG_DEST, "json_keys": list(OWNED_JSON_KEYS)}
     result = subprocess.run(
         [str(python), str(RUNNER)],
         input=json.dumps(request),
@@ -185,9 +207,15 @@ def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str]
         timeout=900,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **extra_env},
     )
-    lines = result.stdout.splitlines()
-    assert result.returncode == 0 and len(lines) == len(argvs), f"{python}: {result.stderr[-4000:]}"
-    return [json.loads(line) for line in lines]
+    assert result.returncode == 0, f"{python}: {result.stderr[-4000:]}"
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str] | None]:
+    request = {"argvs": argvs, "json_flag_dest": JSON_FLAG_DEST, "json_keys": list(OWNED_JSON_KEYS)}
+    parsed = ask_vllm(version, request)
+    assert len(parsed) == len(argvs), f"vLLM {version} answered {len(parsed)} of {len(argvs)} argument lists"
+    return parsed
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -219,6 +247,85 @@ def test_every_spelling_vllm_maps_to_an_owned_value_is_refused(version: str, tmp
         f"vLLM {version}: {len(cases)} argument lists, {refused_by_vllm} refused by vLLM,"
         f" {len(owned_hits)} spellings reach a value stoker owns, all refused by stoker"
     )
+    baseline = baselines[False] or {}
+    for route in ROUTES_AROUND_CAPTURE_SIZES:
+        parsed_route = parsed[cases.index((False, route))]
+        if parsed_route is None:
+            what = "refused by vLLM"
+        else:
+            moved = sorted(d for d in OWNED_DESTS if parsed_route.get(d) != baseline.get(d))
+            what = f"changes {moved or 'nothing stoker owns'}"
+        print(f"  {route}: {what}; refused by stoker")
+        assert not accepted(route, standby=False), route
     # The spellings from the issue are real: vLLM maps them to owned values, and they are refused above.
     for spelling in (["--por=9001"], ["--load-form=safetensors"], ["--served-model=other"], ["128"]):
         assert tuple(spelling) in owned_hits, f"{spelling} did not reach an owned value in vLLM {version}"
+
+
+def option_values(option: dict[str, Any], config_file: Path) -> list[list[str]]:
+    """Values to try an option with: none for a switch; else a port (an integer, a number or a string),
+    JSON setting owned compilation keys, a config file, and its first and last choice."""
+    if not option["takes_value"]:
+        return [[]]
+    choices = option["choices"] or []
+    values = ["9001", VALUES["compilation-config"], str(config_file), *choices[:1], *choices[-1:]]
+    return [[value] for value in dict.fromkeys(values)]
+
+
+def spellings_of(string: str, same_option: list[str], every_string: list[str]) -> set[str]:
+    """Every argument argparse (allow_abbrev) reads as option string `string`: itself, and each prefix of it
+    that starts no string of another option (`same_option` are its own option's), also with `_` for `-` in
+    the name, as vLLM accepts it."""
+    spellings = {string}
+    if string.startswith("--"):
+        for end in range(3, len(string)):
+            prefix = string[:end]
+            if all(other in same_option for other in every_string if other.startswith(prefix)):
+                spellings |= {prefix, "--" + prefix[2:].replace("-", "_")}
+    return spellings
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_option_of_vllms_parser_that_reaches_an_owned_value_is_refused(
+    version: str, tmp_path: Path
+) -> None:
+    config_file = tmp_path / "stoker.yaml"
+    config_file.write_text("port: 9001\ntensor-parallel-size: 2\n")
+    listing = ask_vllm(version, {"options": True})
+    options = [option["strings"] for option in listing]
+    assert len(options) > 100, f"vLLM {version} listed {len(options)} options"
+    # With standby stoker renders all it owns, --enable-sleep-mode included (which a user may add without).
+    cases = [
+        (string, [string, *value])
+        for option in listing
+        for string in option["strings"]
+        for value in option_values(option, config_file)
+    ]
+    rendered = rendered_argv(standby=True)
+    baseline, *parsed = parse_with_vllm(version, [rendered, *(rendered + extra for _, extra in cases)])
+    assert baseline, "vLLM refused stoker's own arguments"
+    reaching: dict[str, set[str]] = {}
+    for (string, _), namespace in zip(cases, parsed, strict=True):
+        changed = {d for d in OWNED_DESTS if namespace is not None and namespace.get(d) != baseline.get(d)}
+        if changed:
+            reaching.setdefault(string, set()).update(changed)
+    every_string = [string for strings in options for string in strings]
+    own_option = {string: strings for strings in options for string in strings}
+    unrefused = {
+        spelling: sorted(dests)
+        for string, dests in reaching.items()
+        for spelling in spellings_of(string, own_option[string], every_string)
+        if not (sets_owned_flag(spelling) and sets_owned_flag(f"{spelling}=x"))
+    }
+    print(
+        f"vLLM {version}: {len(options)} options, {len(cases)} tries;"
+        f" these reach a value stoker owns: {sorted(reaching)}"
+    )
+    assert not unrefused, f"vLLM {version} reads these as owned options, stoker accepts them: {unrefused}"
+    # stoker's list is complete: each option string that reaches an owned value is one that it names.
+    listed = {f"--{name}" for name in (*OWNED_LONG_FLAGS, *JSON_LONG_FLAGS)}
+    listed |= {f"-{name}" for name in (*OWNED_SHORT_FLAGS, *JSON_SHORT_FLAGS)}
+    assert set(reaching) <= listed, f"vLLM {version}: not in stoker's list: {set(reaching) - listed}"
+    # And no more: of the release's own option strings, stoker refuses only those it lists.
+    refused = {string for string in every_string if sets_owned_flag(string)}
+    assert refused <= listed, f"vLLM {version}: refused, not owned: {refused - listed}"

@@ -3,6 +3,8 @@
 Reads JSON from stdin, {"argvs": [[...], ...], "json_flag_dest": "compilation_config", "json_keys": [...]},
 and prints one JSON line per argv: null when vLLM refuses it, else the parsed namespace as
 {dest: repr(value)}, with the owned keys of the JSON-valued flag as `<dest>.<key>` entries.
+With {"options": true} instead, it prints every option of `vllm serve` once, one JSON line each:
+{"strings": [...], "takes_value": bool, "choices": [...] or null}.
 The parser is built the way `vllm` (vllm/entrypoints/cli/main.py) builds it, from the `serve` subcommand.
 """
 
@@ -28,9 +30,21 @@ def key_value(config: object, key: str) -> object:
     return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
 
+def serve_options(parser: FlexibleArgumentParser) -> None:
+    (subparsers,) = [action for action in parser._actions if action.dest == "subparser"]
+    for action in subparsers.choices["serve"]._actions:
+        if action.option_strings:
+            choices = [str(choice) for choice in action.choices] if action.choices else None
+            line = {"strings": action.option_strings, "takes_value": action.nargs != 0, "choices": choices}
+            print(json.dumps(line), flush=True)
+
+
 def main() -> None:
     request = json.load(sys.stdin)
     parser = serve_parser()
+    if request.get("options"):
+        serve_options(parser)
+        return
     for argv in request["argvs"]:
         try:
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

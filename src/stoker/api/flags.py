@@ -14,8 +14,10 @@ case, `-` or `_`).
 
 One regular expression, built here from the data below, decides: the CRD's CEL rule and the pydantic
 validator both use `OWNED_FLAG_REGEX`, and `tests/conformance/test_owned_flags_parser.py` checks it against
-vLLM's real parser. Denying every prefix of an owned name is safe: a prefix that also starts a flag stoker
-does not own is ambiguous, which vLLM refuses anyway.
+vLLM's real parser: every option of each supported release that reaches an owned value must be listed here
+(that is how 0.33's `--device-memory-utilization` was found), and no other option string is refused.
+Denying every prefix of an owned name is safe: a prefix that also starts a flag stoker does not own is
+ambiguous, which vLLM refuses anyway.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ OWNED_LONG_FLAGS = (
     "revision",
     "max-model-len",
     "gpu-memory-utilization",
+    # 0.33's second name for it.
+    "device-memory-utilization",
     "tensor-parallel-size",
     "load-format",
     "model-loader-extra-config",
