@@ -71,9 +71,10 @@ from stoker.render import (
 
 log = logging.getLogger(__name__)
 
-# An unreadable log is asked for again after 10 s, doubling to 5 min; only its first failure is logged.
+# An unreadable log is asked for again after 10 s, doubling to 1 min (a log that becomes readable is in
+# status within a minute); only its first failure is logged.
 LOG_RETRY_SECONDS = 10.0
-LOG_RETRY_MAX_SECONDS = 300.0
+LOG_RETRY_MAX_SECONDS = 60.0
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
 
 
