@@ -47,7 +47,7 @@ def measure_host(
         # Fixed work: the same operations in the same order on every host, about 0.1 s on a current core.
         table: dict = {}
         total = 0
-        for number in range(60_000):
+        for number in range(150_000):
             key = f"k{number % 997}"
             table[key] = table.get(key, 0) + (number * 7 ^ (number >> 3))
             total += len(str(number)) + len(table)

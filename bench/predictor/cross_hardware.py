@@ -1,0 +1,304 @@
+"""Predict starts on hardware left out of the fit (issue 26): fit on one host's starts, predict another
+host's from the two hosts' facts (stoker.predict.host), never from the other host's starts.
+
+usage: python -m bench.predictor.cross_hardware [--out FILE] [--raw FILE]
+
+Each host (HOSTS) is a RUNS_DIR of bench/predictor/coldstart_runs.py (its logs are the GPU runs' own) and its
+host facts. The recorded runs predate the seed's host measurement, so a fact a run did not measure is
+derived from its starts, and the JSON says which and how (`hosts[].how`):
+- CPU speed (`cpuSeconds`, the seed's workload): the anchor host's measured figure times the ratio of the
+  hosts' Dynamo seconds of the same shape in the same regime (stock starts, compile-cache miss). Dynamo is
+  pure CPU on one thread (bytecode tracing; it reads nothing), so that phase is calibrated by construction
+  and every other phase is a prediction;
+- disk bandwidth: checkpoint bytes over the stock starts' weight loading (safetensors after the page cache
+  was dropped: one reader bound by the disk), where no `dd`-like figure was measured.
+
+An experiment fits on every start of its fitted hosts (their facts become the set's host) and predicts every
+start of its held-out hosts, with and without the host facts (`unscaledTotal`: what a stand-in set says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.predictor.validate import Run, load_runs, summary, write_json
+
+from stoker.predict import fit, predict, regime_of
+from stoker.predict.model import CoefficientSet, HostFacts
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+RUNS = RESULTS / "predictor-cross-hardware-runs"
+OUT = RESULTS / "predictor-cross-hardware.json"
+RAW = RESULTS / "predictor-cross-hardware.txt"
+COEFFICIENTS = REPO / "src" / "stoker" / "predict" / "coefficients"
+DISK_PHASE = "weightLoad"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    hardware: str
+    runs_dir: Path
+    # What was measured on the host itself; the rest is derived from its starts (`derive_facts`).
+    measured: dict[str, Any]
+    how: dict[str, str] = field(default_factory=dict)
+    # Where the CPU was not measured: the host whose measured cpuSeconds it is scaled from, and by which
+    # pure-CPU phase of both hosts' stock starts.
+    anchor: str | None = None
+    calibration_phase: str = "dynamo"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    fitted: tuple[str, ...]
+    held_out: tuple[str, ...]
+
+
+def stock(run: Run) -> bool:
+    settings = run.observation.settings
+    return settings.cache_state == "miss" and not settings.read_ahead and settings.loader == "auto"
+
+
+def median_phase(runs: Sequence[Run], phase: str) -> float | None:
+    seconds = [
+        run.observation.phases[phase] for run in runs if stock(run) and phase in run.observation.phases
+    ]
+    return statistics.median(seconds) if seconds else None
+
+
+def derive_facts(hosts: Sequence[Host], runs: dict[str, list[Run]]) -> dict[str, HostFacts]:
+    """Each host's facts: what it measured, the CPU from its anchor's by the ratio of their calibration
+    phase, the disk from its stock weight loading. `how` of each host is filled in."""
+    by_name = hosts_by_name(hosts)
+    derived = {}
+    for host in hosts:
+        facts = dict(host.measured)
+        if "cpuSeconds" not in facts and host.anchor is not None:
+            anchor_cpu = by_name[host.anchor].measured["cpuSeconds"]
+            phase = host.calibration_phase
+            here, there = median_phase(runs[host.name], phase), median_phase(runs[host.anchor], phase)
+            if here is not None and there:
+                facts["cpuSeconds"] = round(anchor_cpu * here / there, 4)
+                host.how["cpuSeconds"] = (
+                    f"estimated: {host.anchor}'s measured {anchor_cpu} s x median stock {phase} here"
+                    f" {here:.2f} s / there {there:.2f} s (a pure-CPU phase, so calibrated by construction)"
+                )
+        if "diskBytesPerSecond" not in facts:
+            load = median_phase(runs[host.name], DISK_PHASE)
+            checkpoint = runs[host.name][0].observation.facts.checkpoint_bytes
+            if load:
+                facts["diskBytesPerSecond"] = round(checkpoint / load)
+                host.how["diskBytesPerSecond"] = (
+                    f"estimated: {checkpoint} checkpoint bytes / median stock {DISK_PHASE} {load:.2f} s"
+                    " (safetensors, page cache dropped)"
+                )
+        derived[host.name] = HostFacts.model_validate(facts)
+    return derived
+
+
+def pooled(hosts: Sequence[HostFacts]) -> HostFacts:
+    """The host a set fitted on these hosts' starts holds for: the mean of their CPU and disk figures."""
+    return HostFacts(
+        cpu_seconds=round(statistics.fmean(host.cpu_seconds or 0.0 for host in hosts), 4),
+        disk_bytes_per_second=round(statistics.fmean(host.disk_bytes_per_second or 0.0 for host in hosts)),
+    )
+
+
+def hosts_by_name(hosts: Sequence[Host]) -> dict[str, Host]:
+    return {host.name: host for host in hosts}
+
+
+def on_host(run: Run, host: HostFacts | None) -> Run:
+    facts = run.observation.facts.model_copy(update={"host": host})
+    return dataclasses.replace(run, observation=run.observation.model_copy(update={"facts": facts}))
+
+
+def experiment(
+    plan: Experiment, hosts: Sequence[Host], runs: dict[str, list[Run]], facts: dict[str, HostFacts]
+) -> dict[str, Any]:
+    by_name = hosts_by_name(hosts)
+    fitted = [on_host(run, facts[name]) for name in plan.fitted for run in runs[name]]
+    reference = pooled([facts[name] for name in plan.fitted])
+    coefficients = fit(
+        [run.observation for run in fitted],
+        hardware=by_name[plan.fitted[0]].hardware,
+        source="shipped",
+        fitted_on=[f"{name}: {len(runs[name])} starts" for name in plan.fitted],
+        host=reference,
+    )
+    rows = []
+    for name in plan.held_out:
+        for run in runs[name]:
+            placed = on_host(run, facts[name])
+            prediction = predict(placed.observation.facts, placed.observation.settings, coefficients)
+            unscaled = predict(run.observation.facts, run.observation.settings, coefficients)
+            measured = run.observation.phases
+            names = [*measured, *(phase for phase in prediction.phases if phase not in measured)]
+            rows.append(
+                {
+                    "host": name,
+                    "shape": run.shape,
+                    "profile": run.profile,
+                    "rep": run.rep,
+                    "measuredTotal": run.total_seconds,
+                    "predictedTotal": prediction.total_seconds,
+                    "unscaledTotal": unscaled.total_seconds,
+                    "fallbacks": prediction.fallbacks,
+                    "phases": {
+                        phase: {
+                            "measured": measured.get(phase, 0.0),
+                            "predicted": prediction.phases.get(phase, 0.0),
+                            "regime": regime_of(phase, run.observation.settings),
+                        }
+                        for phase in names
+                    },
+                }
+            )
+    return {
+        "fittedOn": list(plan.fitted),
+        "heldOutHardware": list(plan.held_out),
+        "referenceHost": reference.to_json_dict(),
+        "heldOut": rows,
+        "summary": summary(rows),
+        "unscaledSummary": summary([{**row, "predictedTotal": row["unscaledTotal"]} for row in rows])[
+            "total"
+        ],
+    }
+
+
+def table(document: dict[str, Any]) -> str:
+    lines = []
+    for result in document["experiments"]:
+        lines.append(
+            f"fit on {', '.join(result['fittedOn'])}; predict {', '.join(result['heldOutHardware'])}"
+        )
+        lines.append(f"  {'start':<44} {'measured':>9} {'predicted':>9} {'error %':>8} {'unscaled':>9}")
+        for row in result["heldOut"]:
+            name = f"{row['host']}/{row['shape']}/{row['profile']}/r{row['rep']}"
+            error = 100 * (row["predictedTotal"] - row["measuredTotal"]) / row["measuredTotal"]
+            lines.append(
+                f"  {name:<44} {row['measuredTotal']:>9.2f} {row['predictedTotal']:>9.2f} {error:>+8.1f}"
+                f" {row['unscaledTotal']:>9.2f}"
+            )
+        total, unscaled = result["summary"]["total"], result["unscaledSummary"]
+        lines.append(
+            f"  total: MAE {total['maePercent']} %, max {total['maxErrorPercent']} % over"
+            f" {result['summary']['starts']} starts (without host facts: MAE {unscaled['maePercent']} %,"
+            f" max {unscaled['maxErrorPercent']} %)"
+        )
+        for phase, figures in result["summary"]["phases"].items():
+            lines.append(
+                f"    {phase:<13} MAE {figures['maeSeconds']:>6.2f} s"
+                f"  max {figures['maxErrorSeconds']:>6.2f} s"
+            )
+    return "\n".join(lines)
+
+
+def run_all(hosts: Sequence[Host], plans: Sequence[Experiment]) -> dict[str, Any]:
+    runs = {host.name: load_runs(host.runs_dir) for host in hosts}
+    facts = derive_facts(hosts, runs)
+    return {
+        "hosts": [
+            {
+                "name": host.name,
+                "hardware": host.hardware,
+                "runs": str(host.runs_dir.relative_to(REPO)),
+                "starts": len(runs[host.name]),
+                "facts": facts[host.name].to_json_dict(),
+                "how": host.how,
+            }
+            for host in hosts
+        ],
+        "experiments": [experiment(plan, hosts, runs, facts) for plan in plans],
+    }
+
+
+H100 = "NVIDIA-H100-80GB-HBM3_x1_v0.26"
+H200 = "NVIDIA-H200_x1_v0.26"
+CPU = "cpu_x0_v0.26"
+H100_GPU = {"gpuProduct": "NVIDIA-H100-80GB-HBM3", "gpuMemoryBytes": 81559 << 20, "gpuCount": 1}
+# The probe (stoker.predict.host.measure_host) on this 2-core machine, 2026-11-26, best of 24 runs while
+# other work shared it: the CPU sweeps ran on this machine (quiet: load ~1; contended: load 2-5).
+CPU_HERE = {"cpuSeconds": 0.1877}
+HOSTS = (
+    Host(
+        "h100-run4",
+        H100,
+        RUNS / "h100-run4",
+        H100_GPU,
+        {"gpu": "host.json of bench/results/coldstart-h100-logs (nvidia-smi)"},
+        anchor="h100-run5",
+    ),
+    Host(
+        "h100-run5",
+        H100,
+        RUNS / "h100-run5",
+        {**H100_GPU, "cpuSeconds": 0.1},
+        {"gpu": "host.json of bench/results/coldstart-h100-run5-logs (nvidia-smi)"},
+    ),
+    Host(
+        "cpu-quiet",
+        CPU,
+        RESULTS / "predictor-cpu-logs",
+        CPU_HERE,
+        {"cpuSeconds": "measured here by the probe, days after the sweep, on the machine it ran on"},
+    ),
+    Host(
+        "cpu-contended",
+        CPU,
+        RESULTS / "predictor-cpu-logs-contended",
+        {},
+        anchor="cpu-quiet",
+        # No Dynamo phase of its own on CPU; model inspection runs after the imports, from a warm page cache.
+        calibration_phase="modelInfo",
+    ),
+)
+# The hosts of the shipped H100 set's starts whose facts are known: the read-ahead regimes of today's default
+# were fitted on their starts (bench/results/predictor-h100-gc*-runs).
+SHIPPED_HOSTS = ("h100-run4", "h100-run5")
+EXPERIMENTS = (
+    Experiment(("h100-run4",), ("h100-run5",)),
+    Experiment(("h100-run5",), ("h100-run4",)),
+    Experiment(("cpu-quiet",), ("cpu-contended",)),
+    Experiment(("cpu-contended",), ("cpu-quiet",)),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.predictor.cross_hardware", description=__doc__)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--raw", type=Path, default=RAW, help="the printed table, kept as raw output")
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help=f"write the host of the shipped {H100} set: {', '.join(SHIPPED_HOSTS)} pooled",
+    )
+    arguments = parser.parse_args(argv)
+    document = run_all(HOSTS, EXPERIMENTS)
+    if arguments.ship:
+        facts = {host["name"]: HostFacts.model_validate(host["facts"]) for host in document["hosts"]}
+        path = COEFFICIENTS / f"{H100}.json"
+        shipped = CoefficientSet.model_validate_json(path.read_text())
+        write_json(
+            path,
+            shipped.model_copy(
+                update={"host": pooled([facts[name] for name in SHIPPED_HOSTS])}
+            ).to_json_dict(),
+        )
+    write_json(arguments.out, document)
+    printed = table(document)
+    arguments.raw.write_text(printed + "\n")
+    print(printed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
