@@ -4,15 +4,20 @@ words, with none of pydantic's internals, for every kind of rule a manifest can 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from stoker.api import VLLMService, user_message
 from stoker.api.crd import build_crd
 from stoker.api.errors import field_path
 from stoker.api.models import PATTERN_RULES
+from stoker.predict.cli import main as predict_main
+from stoker.render.cli import main as render_main
+from tests.unit.test_predict_facts import LLAMA_CONFIG, write_model
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "stoker.dev/v1alpha1",
@@ -175,3 +180,18 @@ def test_every_pattern_of_the_spec_has_its_rule_in_words() -> None:
 def test_field_paths_read_as_kubectl_writes_them() -> None:
     assert field_path(("spec", "runtime", "env", 0, "value")) == "spec.runtime.env[0].value"
     assert field_path(()) == ""
+
+
+def test_the_clis_print_refusals_in_the_users_terms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = with_spec(model={"name": "m\n"}, runtime={"extraArgs": ["-O{}"], "gpus": "two"})
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    write_model(tmp_path / "model", LLAMA_CONFIG)
+    for main in (render_main, lambda argv: predict_main([str(tmp_path / "model"), "-f", *argv])):
+        assert main([str(path)]) == 1
+        stderr = capsys.readouterr().err
+        assert not [word for word in INTERNALS if word in stderr], stderr
+        assert "spec.model.name: must not contain control characters" in stderr
+        assert "spec.runtime.gpus: must be an integer" in stderr
