@@ -6,6 +6,7 @@ for Python programmers. `user_message` says what the API server would say: `spec
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -29,50 +30,50 @@ def field_path(loc: Sequence[int | str]) -> str:
     return path
 
 
+# pydantic's error types that a manifest can cause, as the rule the value breaks.
+_RULES = {
+    "missing": "is required",
+    "extra_forbidden": "is not a field of this object",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "list_type": "must be a list",
+    "dict_type": "must be a map",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "datetime_type": "must be a date and time",
+    "datetime_parsing": "must be a date and time",
+    "string_too_short": "must have at least {min_length} characters",
+    "string_too_long": "must have at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "multiple_of": "must be a multiple of {multiple_of}",
+    "literal_error": "must be {expected}",
+    "enum": "must be {expected}",
+}
+
+
 def _rule(error: ErrorDetails) -> str:
-    """What the value must be, in plain words, for pydantic's error types that a manifest can cause."""
+    """What the value must be, in plain words."""
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind in ("value_error", "assertion_error") and "error" in ctx:
-        return str(ctx["error"])
-    plain = {
-        "missing": "is required",
-        "extra_forbidden": "is not a field of this object",
-        "string_type": "must be a string",
-        "int_type": "must be an integer",
-        "int_parsing": "must be an integer",
-        "int_from_float": "must be a whole number",
-        "float_type": "must be a number",
-        "float_parsing": "must be a number",
-        "bool_type": "must be true or false",
-        "bool_parsing": "must be true or false",
-        "list_type": "must be a list",
-        "dict_type": "must be a map",
-        "model_type": "must be an object",
-        "model_attributes_type": "must be an object",
-        "datetime_type": "must be a date and time",
-        "datetime_parsing": "must be a date and time",
-    }
-    if kind in plain:
-        return plain[kind]
-    bounds = {
-        "string_too_short": "must have at least {min_length} characters",
-        "string_too_long": "must have at most {max_length} characters",
-        "too_short": "must have at least {min_length} items",
-        "too_long": "must have at most {max_length} items",
-        "greater_than": "must be greater than {gt}",
-        "greater_than_equal": "must be at least {ge}",
-        "less_than": "must be less than {lt}",
-        "less_than_equal": "must be at most {le}",
-        "multiple_of": "must be a multiple of {multiple_of}",
-    }
-    if kind in bounds:
-        return bounds[kind].format(**ctx)
+        return str(ctx["error"])  # the validator's own message, without pydantic's "Value error, "
+    if kind in _RULES:
+        with contextlib.suppress(KeyError):  # a context without the bound: pydantic's sentence below
+            return _RULES[kind].format(**ctx)
     if kind == "string_pattern_mismatch":
         from stoker.api.models import PATTERN_RULES  # the models import this module
 
         return PATTERN_RULES.get(ctx["pattern"], f"must match the pattern {ctx['pattern']}")
-    if kind in ("literal_error", "enum"):
-        return f"must be {ctx.get('expected', '')}".rstrip()
     # Anything else: pydantic's sentence without its subject ("Input should be ..." -> "must be ...").
     message = error["msg"]
     for subject in ("Input should", "Value should", "String should", "List should", "Dictionary should"):
