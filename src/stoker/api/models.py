@@ -2,7 +2,8 @@
 
 Cross-field rules exist twice on purpose: as CEL (`x-kubernetes-validations`, enforced by the API server)
 and as pydantic validators (for `stoker render` without a cluster). Both sit on the same class and share
-the message text, so they are read and changed together.
+the message text, so they are read and changed together; the validator raises FieldError with the field the
+CEL rule names (`fieldPath`), so that both refusals name the same field.
 """
 
 from __future__ import annotations
