@@ -498,8 +498,12 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
             operator.wait(timeout=30)
         except subprocess.TimeoutExpired:
             operator.kill()
-    if audit_log.exists():
-        by_phase = requests_by_phase(list(audit_requests(audit_log, OPERATOR_USER)), bench.phases)
+    # Ours logs the operator's reads too; where the API server took hack/cluster's own policy instead (writes
+    # of every user), that log has the writes.
+    logs = [audit_log, admin_kubeconfig.parent / "logs" / "audit.jsonl"]
+    if used := next((log for log in logs if log.exists()), None):
+        bench.say(f"operator requests from the audit log {used}")
+        by_phase = requests_by_phase(list(audit_requests(used, OPERATOR_USER)), bench.phases)
         bench.record("operatorRequestsByPhase", by_phase)
         quiet = by_phase["quiet-resync"]
         figures["quietResyncWrites"] = quiet["writes"]
@@ -510,7 +514,7 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
             for phase, counts in by_phase.items()
         }
     else:
-        bench.say("no audit log: hack/cluster did not pass APISERVER_EXTRA_ARGS on; writes not counted")
+        bench.say("no audit log: the API server logged no requests; writes not counted")
     figures["loadAverageAtPhaseEnd"] = bench.loads
     figures["apiServerGetSecondsByPhase"] = {
         phase: summary([seconds for at, seconds in api_latencies if start <= at < end])
