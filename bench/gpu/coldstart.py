@@ -231,7 +231,7 @@ def seeds_of(svc: VLLMService, names: list[str]) -> dict[str, Invocation]:
     seeds = {SEED: seed_invocation(svc)}
     default_key = seed_key(svc, DEFAULT_PROFILE)
     for name in names:
-        if seed_key(svc, name) != default_key:
+        if name != STOCK_WARM and seed_key(svc, name) != default_key:
             seeds[f"{SEED}-{name}"] = seed_invocation(svc, name)
     return seeds
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from profiles import DEFAULT_PROFILE
 
+WARM_NODE_PROFILE = "stoker-warm"
+
 from stoker.phases import ENGINE_PHASES, parse_log
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -244,6 +246,8 @@ def main() -> None:
         "model": {"description": MODEL, "bytes": model["bytes"]},
         "vllm": host["vllm"],
         "default": DEFAULT_PROFILE,
+        # The profile started on a node stoker warmed (coldstart.py), when the run had one.
+        **({"warmNode": WARM_NODE_PROFILE} if WARM_NODE_PROFILE in summary else {}),
         **({"renamed": args.rename} if args.rename else {}),
         "host": host,
         "profiles": {r["profile"]: {"argv": r["argv"], "env": r["env"]} for r in records},
