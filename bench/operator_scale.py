@@ -272,16 +272,18 @@ def audit_requests(path: Path, user: str) -> Iterator[tuple[float, str, str]]:
 def requests_by_phase(
     requests: list[tuple[float, str, str]], phases: dict[str, tuple[float, float]]
 ) -> dict[str, dict[str, Any]]:
-    """Per phase: the write requests by verb and resource, and the count of reads (get, list, watch)."""
+    """Per phase: the write and read requests, by verb and resource (the ten commonest reads)."""
     out: dict[str, dict[str, Any]] = {}
     for phase, (start, end) in phases.items():
         inside = [(verb, resource) for at, verb, resource in requests if start <= at < end]
         writes = Counter(f"{verb} {resource}" for verb, resource in inside if verb in WRITE_VERBS)
+        reads = Counter(f"{verb} {resource}" for verb, resource in inside if verb not in WRITE_VERBS)
         out[phase] = {
             "seconds": round(end - start, 1),
             "writes": sum(writes.values()),
-            "reads": sum(1 for verb, _ in inside if verb not in WRITE_VERBS),
+            "reads": sum(reads.values()),
             "writesByVerbAndResource": dict(writes.most_common()),
+            "readsByVerbAndResource": dict(reads.most_common(10)),
         }
     return out
 
@@ -509,6 +511,7 @@ def measure(bench: Bench, cluster: Path, workdir: Path, audit_log: Path) -> dict
         figures["quietResyncWrites"] = quiet["writes"]
         figures["quietResync"]["writesByVerbAndResource"] = quiet["writesByVerbAndResource"]
         figures["quietResync"]["readRequests"] = quiet["reads"]
+        figures["quietResync"]["readsByVerbAndResource"] = quiet["readsByVerbAndResource"]
         figures["operatorRequestsByPhase"] = {
             phase: {key: counts[key] for key in ("seconds", "writes", "reads")}
             for phase, counts in by_phase.items()
@@ -614,7 +617,7 @@ def phases(
     all_deployed, settled = fill(args.existing, time.monotonic() + args.phase_timeout)
     bench.phase("fill-existing", started)
     bench.say(f"{settled} of {args.existing} services settled, all deployed: {all_deployed}")
-    before = resource_versions(api_client)
+    before, statuses_before = resource_versions(api_client)
     reconciles_before = reconciles()
     started = time.time()
     # At least a resync period; longer (up to 3) while the operator's reconcile counter says it has not been
@@ -630,14 +633,20 @@ def phases(
         time.sleep(1)
     reconciled = reconciles() - reconciles_before
     bench.phase("quiet-resync", started)
-    after = resource_versions(api_client)
+    after, statuses_after = resource_versions(api_client)
     changed = Counter(kind for (kind, name), version in after.items() if before.get((kind, name)) != version)
+    status_fields = Counter(
+        path
+        for name, status in statuses_after.items()
+        for path in changed_fields(statuses_before.get(name, {}), status)
+    )
     quiet = {
         "services": args.existing,
         "settledServices": settled,
         "windowSeconds": round(bench.phases["quiet-resync"][1] - started, 1),
         "reconcilesInWindow": int(reconciled),
         "changedObjectsByKind": dict(changed),
+        "changedStatusFields": dict(status_fields.most_common(20)),
     }
     bench.say(f"quiet resync: {json.dumps(quiet)}")
 
@@ -755,9 +764,24 @@ def finite(value: float) -> float | None:
     return round(value, 3) if math.isfinite(value) else None
 
 
-def resource_versions(api_client: client.ApiClient) -> dict[tuple[str, str], str]:
-    """resourceVersion of every child kind's object, and of every VLLMService, in the namespace."""
+def changed_fields(before: Any, after: Any, path: str = "") -> list[str]:
+    """The dotted paths of the leaves (lists whole) that differ between two documents."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [
+            changed
+            for key in sorted(before.keys() | after.keys())
+            for changed in changed_fields(before.get(key), after.get(key), f"{path}.{key}" if path else key)
+        ]
+    return [] if before == after else [path]
+
+
+def resource_versions(
+    api_client: client.ApiClient,
+) -> tuple[dict[tuple[str, str], str], dict[str, dict[str, Any]]]:
+    """resourceVersion of every child kind's object and of every VLLMService in the namespace, and the
+    VLLMServices' status by name."""
     versions: dict[tuple[str, str], str] = {}
+    statuses: dict[str, dict[str, Any]] = {}
     for kind, (api, call) in CHILD_LISTS.items():
         items = getattr(getattr(client, api)(api_client), call)(NAMESPACE, _preload_content=False)
         for item in json.loads(items.data)["items"]:
@@ -766,7 +790,8 @@ def resource_versions(api_client: client.ApiClient) -> dict[tuple[str, str], str
     listed = cast(dict[str, Any], custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL))
     for item in listed["items"]:
         versions[("VLLMService", item["metadata"]["name"])] = item["metadata"]["resourceVersion"]
-    return versions
+        statuses[item["metadata"]["name"]] = item.get("status") or {}
+    return versions, statuses
 
 
 def parser() -> argparse.ArgumentParser:
