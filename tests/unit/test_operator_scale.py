@@ -103,7 +103,24 @@ def test_audit_log_counts_only_the_operators_completed_requests_per_phase(tmp_pa
         "patch deployments": 1,
         "patch vllmservices/status": 1,
     }
+    assert counts["quiet-resync"]["readsByVerbAndResource"] == {"get deployments": 1}
     assert counts["scale"]["writes"] == 1
+
+
+def test_changed_fields_names_the_leaves_that_differ():
+    before = {"observedGeneration": 1, "startup": {"recording": {"next": "a"}, "history": [1]}, "gone": 1}
+    after = {
+        "observedGeneration": 1,
+        "startup": {"recording": {"next": "b"}, "history": [1, 2]},
+        "new": {"x": 1},
+    }
+    assert operator_scale.changed_fields(before, after) == [
+        "gone",
+        "new",
+        "startup.history",
+        "startup.recording.next",
+    ]
+    assert operator_scale.changed_fields(after, after) == []
 
 
 def test_sizes_default_to_the_issue_and_must_nest():
