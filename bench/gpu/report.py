@@ -27,11 +27,10 @@ from typing import Any
 
 from profiles import DEFAULT_PROFILE
 
-WARM_NODE_PROFILE = "stoker-warm"
-
 from stoker.phases import ENGINE_PHASES, parse_log
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+WARM_NODE_PROFILE = "stoker-warm"
 # Between the "Starting vLLM server" line (the parser's last phase end) and the first 200 from /health.
 SERVER_UP = "serverUp"
 # The seed Job's run: its ready time is how long seeding takes, not a start to compare with stock.

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from stoker.api import VLLMService
+from stoker.api import VLLMService, user_message
 from stoker.api.models import StartupStatus
 from stoker.controller import metrics
 from stoker.controller.cache import ObjectCache, labels_match
-from stoker.controller.coefficients import CoefficientStore
+from stoker.controller.coefficients import CoefficientStore, RecordOutcome
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import (
@@ -386,7 +386,7 @@ class StartupRecorder:
                 )
                 startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
                 startup["modelCacheKey"] = start.record["cacheKey"]
-        facts = ModelFacts.model_validate(startup["model"]) if startup.get("model") else None
+        facts = _checked_facts(startup)
         # Facts hold for starts of the key whose seed read them: another key may be another model.
         current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None
         for start in new_starts:
@@ -443,8 +443,7 @@ class StartupRecorder:
             )
             outcome = self.coefficients.record(meta["namespace"], hardware, observation)
         except ValueError as error:  # the start stays in status; only the fleet's fit misses it
-            log.warning("Start not observed pod=%s/%s: %s", meta["namespace"], record["pod"], error)
-            return
+            outcome = RecordOutcome(garbled=[], refused=f"Start of pod {record['pod']} not recorded: {error}")
         for key in outcome.garbled:
             self.kube.post_event(
                 body,
@@ -508,3 +507,17 @@ def _sample_summary(record: Manifest) -> Manifest:
     if "readyGapSeconds" in record:
         summary["readyGapSeconds"] = record["readyGapSeconds"]
     return summary
+
+
+def _checked_facts(startup: Manifest) -> ModelFacts | None:
+    """The model facts in status if they are within their physical ranges; facts an earlier version let
+    through (2^63-1 layers) are dropped from status instead of failing every run."""
+    if not startup.get("model"):
+        return None
+    try:
+        return ModelFacts.model_validate(startup["model"])
+    except ValidationError as error:
+        log.warning("Dropped model facts out of their ranges from status: %s", user_message(error))
+        del startup["model"]
+        startup.pop("modelCacheKey", None)
+        return None
