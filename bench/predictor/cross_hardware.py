@@ -40,6 +40,8 @@ OUT = RESULTS / "predictor-cross-hardware.json"
 RAW = RESULTS / "predictor-cross-hardware.txt"
 COEFFICIENTS = REPO / "src" / "stoker" / "predict" / "coefficients"
 DISK_PHASE = "weightLoad"
+# As the probe: a smaller checkpoint loads in too little time to tell a disk's bandwidth.
+DISK_MIN_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def derive_facts(hosts: Sequence[Host], runs: dict[str, list[Run]]) -> dict[str,
         if "diskBytesPerSecond" not in facts:
             load = median_phase(runs[host.name], DISK_PHASE)
             checkpoint = runs[host.name][0].observation.facts.checkpoint_bytes
-            if load:
+            if load and checkpoint >= DISK_MIN_BYTES:
                 facts["diskBytesPerSecond"] = round(checkpoint / load)
                 host.how["diskBytesPerSecond"] = (
                     f"estimated: {checkpoint} checkpoint bytes / median stock {DISK_PHASE} {load:.2f} s"
@@ -105,10 +107,18 @@ def derive_facts(hosts: Sequence[Host], runs: dict[str, list[Run]]) -> dict[str,
 
 
 def pooled(hosts: Sequence[HostFacts]) -> HostFacts:
-    """The host a set fitted on these hosts' starts holds for: the mean of their CPU and disk figures."""
+    """The host a set fitted on these hosts' starts holds for: the mean of their CPU and disk figures (a
+    figure none of them has stays absent)."""
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [value for value in values if value is not None]
+        return statistics.fmean(known) if known else None
+
+    cpu = mean([host.cpu_seconds for host in hosts])
+    disk = mean([host.disk_bytes_per_second for host in hosts])
     return HostFacts(
-        cpu_seconds=round(statistics.fmean(host.cpu_seconds or 0.0 for host in hosts), 4),
-        disk_bytes_per_second=round(statistics.fmean(host.disk_bytes_per_second or 0.0 for host in hosts)),
+        cpu_seconds=round(cpu, 4) if cpu is not None else None,
+        disk_bytes_per_second=round(disk) if disk is not None else None,
     )
 
 
@@ -225,24 +235,47 @@ H100 = "NVIDIA-H100-80GB-HBM3_x1_v0.26"
 H200 = "NVIDIA-H200_x1_v0.26"
 CPU = "cpu_x0_v0.26"
 H100_GPU = {"gpuProduct": "NVIDIA-H100-80GB-HBM3", "gpuMemoryBytes": 81559 << 20, "gpuCount": 1}
-# The probe (stoker.predict.host.measure_host) on this 2-core machine, 2026-11-26, best of 24 runs while
-# other work shared it: the CPU sweeps ran on this machine (quiet: load ~1; contended: load 2-5).
+# The seed's probe (stoker.predict.host.measure_host, its source run as the seed runs it) on a machine of the
+# lead's H200 run's kind (an nvidia-h200 lease: 16 Xeon cores, the models on /dev/vda) right after that run,
+# the median of 5 runs (cpuSeconds 0.0499-0.1048, disk 1.65-2.05 GB/s; `dd` read the same file at 1.9 GB/s):
+# bench/results/predictor-cross-hardware-h200-probe.txt. The run's own host was given back before it.
+H200_PROBE = {
+    "cpuSeconds": 0.0517,
+    "diskBytesPerSecond": 1918506656,
+    "gpuProduct": "NVIDIA-H200",
+    "gpuMemoryBytes": 150754820096,
+    "gpuCount": 1,
+}
+# The probe on this 2-core machine, 2026-11-26, best of 24 runs while other work shared it: the CPU sweeps
+# ran on this machine (quiet: load ~1; contended: load 2-5).
 CPU_HERE = {"cpuSeconds": 0.1877}
 HOSTS = (
+    Host(
+        "h200",
+        H200,
+        RUNS / "h200",
+        H200_PROBE,
+        {
+            "cpuSeconds": "measured: the seed's probe on a machine of the run's kind, after it, median of 5",
+            "diskBytesPerSecond": "measured: as cpuSeconds (the run's stock weight loading: 16.06 GB, 8.9 s)",
+            "gpu": "the probe's nvidia-smi; host.json of bench/results/coldstart-h200-logs says the same",
+        },
+    ),
     Host(
         "h100-run4",
         H100,
         RUNS / "h100-run4",
         H100_GPU,
         {"gpu": "host.json of bench/results/coldstart-h100-logs (nvidia-smi)"},
-        anchor="h100-run5",
+        anchor="h200",
     ),
     Host(
         "h100-run5",
         H100,
         RUNS / "h100-run5",
-        {**H100_GPU, "cpuSeconds": 0.1},
+        H100_GPU,
         {"gpu": "host.json of bench/results/coldstart-h100-run5-logs (nvidia-smi)"},
+        anchor="h200",
     ),
     Host(
         "cpu-quiet",
@@ -265,6 +298,8 @@ HOSTS = (
 # were fitted on their starts (bench/results/predictor-h100-gc*-runs).
 SHIPPED_HOSTS = ("h100-run4", "h100-run5")
 EXPERIMENTS = (
+    Experiment(("h100-run4", "h100-run5"), ("h200",)),
+    Experiment(("h200",), ("h100-run4", "h100-run5")),
     Experiment(("h100-run4",), ("h100-run5",)),
     Experiment(("h100-run5",), ("h100-run4",)),
     Experiment(("cpu-quiet",), ("cpu-contended",)),
