@@ -198,3 +198,27 @@ def test_the_until_serving_gauge_follows_the_status_and_goes_with_the_service() 
     metrics.set_until_serving_seconds(service, 20.0)
     metrics.forget_service(*service)
     assert not sample()
+
+
+def test_stoker_predict_scales_the_stand_in_set_to_the_hosts_facts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stoker.predict.cli import EXIT_UNREADABLE, main
+    from tests.unit.test_predict_facts import LLAMA_CONFIG, write_model
+
+    write_model(tmp_path / "model", LLAMA_CONFIG)
+    h200 = ["--hardware", "NVIDIA-H200_x1_v0.26", "--json"]
+    assert main([str(tmp_path / "model"), *h200]) == 0
+    stand_in = json.loads(capsys.readouterr().out)["prediction"]
+    # The H200 probe's facts: a faster core and disk than the H100 set's host.
+    facts = '{"cpuSeconds": 0.0517, "diskBytesPerSecond": 1918506656}'
+    assert main([str(tmp_path / "model"), *h200, "--host-facts", facts]) == 0
+    scaled = json.loads(capsys.readouterr().out)["prediction"]
+    assert scaled["coefficientSet"] == stand_in["coefficientSet"] == "NVIDIA-H100-80GB-HBM3_x1_v0.26"
+    assert scaled["phases"]["bootstrap"] == pytest.approx(
+        stand_in["phases"]["bootstrap"] * 0.0517 / 0.0748, 1e-3
+    )
+    assert main([str(tmp_path / "model"), "--measure-host"]) == 0
+    assert 'scaled from its host to this one: {"cpuSeconds"' in capsys.readouterr().out
+    assert main([str(tmp_path / "model"), "--host-facts", '{"cpuSeconds": -1}']) == EXIT_UNREADABLE
+    assert "cpuSeconds" in capsys.readouterr().err

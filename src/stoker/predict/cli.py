@@ -1,9 +1,12 @@
-"""`stoker predict MODEL_DIR [-f FILE] [--json] [--hardware KEY] [--cache hit|miss]`: expected startup.
+"""`stoker predict MODEL_DIR [-f FILE] [--json] [--hardware KEY] [--cache hit|miss] [--host-facts JSON |
+--measure-host]`: expected startup.
 
 Reads the model's facts from MODEL_DIR (a Hugging Face layout: config.json, weights, tokenizer), renders
 the serving pod's `vllm serve` for the VLLMService in FILE (without one: stoker's defaults for a service of
 that model), and prints the expected engine phases from the shipped coefficients of its hardware class
-(`--hardware` overrides the class the service's GPU product, GPU count and engine version name).
+(`--hardware` overrides the class the service's GPU product, GPU count and engine version name). With
+the facts of the host the start runs on (`--host-facts`, as the seed reports them in
+status.startup.model.host, or `--measure-host` on that host), a set fitted on another host is scaled to it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from pydantic import ValidationError
 
 from stoker.api import API_VERSION, KIND, VLLMService, user_message
 from stoker.predict.facts import read_model_facts
-from stoker.predict.model import EngineSettings, HardwareClass, ModelFacts, Prediction
+from stoker.predict.host import measure_host
+from stoker.predict.model import EngineSettings, HardwareClass, HostFacts, ModelFacts, Prediction
 from stoker.predict.predictor import predict, regime_of
 from stoker.predict.service import hardware_class, service_settings
 from stoker.predict.shipped import NoShippedCoefficients, shipped_coefficients
@@ -47,6 +51,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-f", "--filename", metavar="FILE", help="a YAML file with one VLLMService")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--hardware", metavar="KEY", help="e.g. NVIDIA-H100-80GB-HBM3_x1_v0.26")
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument(
+        "--host-facts",
+        metavar="JSON",
+        help='the host\'s facts, e.g. \'{"cpuSeconds": 0.052, "diskBytesPerSecond": 1.9e9}\'',
+    )
+    host.add_argument(
+        "--measure-host", action="store_true", help="measure this machine (about 2 s) and predict for it"
+    )
     parser.add_argument(
         "--cache",
         choices=["hit", "miss"],
@@ -71,6 +84,7 @@ def _prediction_document(arguments: argparse.Namespace) -> dict[str, Any]:
         facts = ModelFacts.model_validate(read_model_facts(arguments.model_dir))
     except (ValueError, OSError) as error:
         raise _Refused(str(error), EXIT_UNREADABLE) from None
+    facts = facts.model_copy(update={"host": _host(arguments)})
     if facts.checkpoint_bytes == 0:
         print(
             f"stoker predict: warning: no weights (*.safetensors, *.bin, *.pt) in {arguments.model_dir}:"
@@ -97,6 +111,17 @@ def _prediction_document(arguments: argparse.Namespace) -> dict[str, Any]:
         "prediction": prediction.to_json_dict(),
         "fittedOn": coefficients.fitted_on,
     }
+
+
+def _host(arguments: argparse.Namespace) -> HostFacts | None:
+    try:
+        if arguments.host_facts is not None:
+            return HostFacts.model_validate_json(arguments.host_facts)
+        if arguments.measure_host:
+            return HostFacts.model_validate(measure_host(arguments.model_dir))
+    except ValidationError as invalid:
+        raise _Refused(f"host facts: {user_message(invalid)}", EXIT_UNREADABLE) from None
+    return None
 
 
 def _service(filename: str | None, model_dir: str) -> VLLMService:
@@ -165,6 +190,8 @@ def format_table(document: dict[str, Any]) -> str:
         + (", sleep mode" if settings.sleep_mode else "")
     )
     lines.append(f"coefficients: {prediction.coefficient_set} ({prediction.source})")
+    if facts.host is not None:
+        lines.append(f"  scaled from its host to this one: {json.dumps(facts.host.to_json_dict())}")
     if prediction.coefficient_set != document["hardware"]:
         lines.append(f"  no set for {document['hardware']}: the nearest shipped set stands in")
     lines.extend(f"  fitted on: {entry}" for entry in document["fittedOn"])
