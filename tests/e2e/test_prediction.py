@@ -12,7 +12,7 @@ import pytest
 from hack.kwoklogs import SECONDS_PREFIX, print_recording
 
 from stoker.api import VLLMService
-from stoker.phases import parse_log
+from stoker.phases import KUBERNETES_PHASES, parse_log
 from stoker.predict.fleet import (
     SLOW_START_FRACTION,
     SLOW_START_SECONDS,
@@ -103,6 +103,7 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     assert before["cacheState"] == "hit"  # the seed filled the cache: serving pods load it
     assert before["hardware"] == HARDWARE.key
     assert before["totalSeconds"] == pytest.approx(sum(before["phases"].values()), abs=0.05)
+    assert before["untilServingSeconds"] == before["totalSeconds"]  # no serving start's pod phases yet
     server_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=server"
     pods = get_json(kubectl, "-n", namespace, "pods", "-l", server_selector) or {}
     assert pods["items"] == []  # the prediction came before any serving pod existed
@@ -176,6 +177,10 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
 
     after = wait_for(predicted_from_refit, what="a prediction from the refitted coefficients")
     assert after["source"] == "fleet"
+    # Until serving: the predicted engine plus the Kubernetes phases of that serving start.
+    last_phases = startup()["last"]["phases"]
+    kubernetes_seconds = sum(last_phases.get(phase, 0.0) for phase in KUBERNETES_PHASES)
+    assert after["untilServingSeconds"] == pytest.approx(after["totalSeconds"] + kubernetes_seconds, abs=0.05)
     # The garbled key was reported and replaced; the other key is as it was.
     garbling = [e for e in events(kubectl, namespace) if e["reason"] == "StartupCoefficientsGarbled"]
     assert garbling and all(starts_key(HARDWARE, namespace) in e["message"] for e in garbling)
@@ -185,6 +190,8 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     series = rf'name="predicted",namespace="{namespace}",phase="total"'
     assert re.search(r"stoker_startup_expected_seconds\{" + series + r"\} \d", metrics)
     assert re.search(r"stoker_startup_observed_seconds\{" + series + r"\} \d", metrics)
+    until = rf'stoker_startup_until_serving_seconds\{{name="predicted",namespace="{namespace}"\}} ([\d.]+)'
+    assert float(re.search(until, metrics).group(1)) == pytest.approx(after["untilServingSeconds"])  # type: ignore[union-attr]
 
     # A restart keeps what was learned: the new process predicts the same from the kept ConfigMap (its
     # gauge is set by its own first reconcile of the object).
