@@ -222,3 +222,15 @@ def test_stoker_predict_scales_the_stand_in_set_to_the_hosts_facts(
     assert 'scaled from its host to this one: {"cpuSeconds"' in capsys.readouterr().out
     assert main([str(tmp_path / "model"), "--host-facts", '{"cpuSeconds": -1}']) == EXIT_UNREADABLE
     assert "cpuSeconds" in capsys.readouterr().err
+
+
+def test_status_keeps_the_host_facts_and_until_serving_as_the_operator_writes_them() -> None:
+    from stoker.api.models import StartupStatus
+
+    host = {"cpuSeconds": 0.0517, "diskBytesPerSecond": 1918506656.0, "gpuProduct": "NVIDIA-H200"}
+    model_facts = {**model().to_json_dict(), "host": host}
+    startup = {"model": model_facts, "expected": {"totalSeconds": 20.1, "untilServingSeconds": 23.4}}
+    written = StartupStatus.model_validate(startup).model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert written["model"]["host"] == host
+    assert written["expected"]["untilServingSeconds"] == 23.4
+    assert ModelFacts.model_validate(written["model"]).host == HostFacts.model_validate(host)
