@@ -765,8 +765,11 @@ def finite(value: float) -> float | None:
 
 
 def changed_fields(before: Any, after: Any, path: str = "") -> list[str]:
-    """The dotted paths of the leaves (lists whole) that differ between two documents."""
-    if isinstance(before, dict) and isinstance(after, dict):
+    """The dotted paths of the leaves (lists whole) that differ between two documents; a mapping that one side
+    lacks counts as empty there, so that its leaves are named."""
+    if isinstance(before, dict) or isinstance(after, dict):
+        before = before if isinstance(before, dict) else {}
+        after = after if isinstance(after, dict) else {}
         return [
             changed
             for key in sorted(before.keys() | after.keys())

@@ -116,7 +116,7 @@ def test_changed_fields_names_the_leaves_that_differ():
     }
     assert operator_scale.changed_fields(before, after) == [
         "gone",
-        "new",
+        "new.x",
         "startup.history",
         "startup.recording.next",
     ]
