@@ -138,7 +138,7 @@ def degraded_condition(
             True,
             "CompileCacheMiss",
             f"A replica compiled despite a seeded cache{cache_miss}; something in vLLM's cache key differs"
-            " between the seed and the pod (README: Troubleshooting)",
+            " between the seed and the pod (docs/operations/troubleshooting.md)",
         )
     if seed_failed:
         return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")

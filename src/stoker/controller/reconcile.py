@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from stoker.api import GROUP, VLLMService, user_message
@@ -61,17 +62,25 @@ class Reconciler:
         namespace, name = key
         body = self.observer.service(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            self.standby.forget(key)
-            metrics.forget_service(namespace, name)
-            return GONE
+            return self._forget(key)
         self._forget_kopf_state(body)
         started, result = time.monotonic(), "error"
         try:
             result, recheck_after = self._reconcile(body, resync)
+        except ApiException as error:
+            if error.status != 404 or self.kube.get_service(namespace, name) is not None:
+                raise
+            # Deleted after the watch cache last saw it (its DELETED event is on the way).
+            return self._forget(key)
         finally:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
         return recheck_after
+
+    def _forget(self, key: ObjectKey) -> Gone:
+        self.standby.forget(key)
+        metrics.forget_service(*key)
+        return GONE
 
     def _reconcile(self, body: Manifest, resync: bool) -> tuple[str, float | None]:
         """Returns the result for metrics (converged, waiting, conflict or invalid) and when to look again."""
