@@ -78,6 +78,12 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def kubectl(cluster: Cluster) -> Kubectl:
+    return kubectl_of(cluster)
+
+
+def kubectl_of(cluster: Cluster) -> Kubectl:
+    """`kubectl` against `cluster`: the completed process, or AssertionError with its stderr (check)."""
+
     def run(*args: str, input: str | None = None, check: bool = True, timeout: float = 120):
         result = subprocess.run(
             [str(cluster.bin_dir / "kubectl"), *args],

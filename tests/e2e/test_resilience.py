@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ARTIFACTS, HACK_CLUSTER, REPO, Cluster, Operator
+from tests.conftest import ARTIFACTS, HACK_CLUSTER, REPO, Cluster, Operator, kubectl_of
 from tests.e2e.helpers import get_json, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -187,18 +187,7 @@ def outage_cluster(cluster: Cluster, tmp_path: Path) -> Iterator[Cluster]:
 
 def test_an_api_server_outage_costs_little_and_the_operator_recovers(outage_cluster: Cluster) -> None:
     cluster = outage_cluster
-
-    def kubectl(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(cluster.bin_dir / "kubectl"), *args],
-            env=cluster.env,
-            input=input,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=120,
-        )
-
+    kubectl = kubectl_of(cluster)
     kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     kubectl("wait", "--for=condition=Established", "crd/vllmservices.stoker.dev", "--timeout=60s")
     namespace = "outage"
