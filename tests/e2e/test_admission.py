@@ -423,6 +423,17 @@ def test_pod_labels_are_refused_since_they_join_the_namespaces_selectors(
     assert message.startswith(f"spec.pod.labels['app']: {TENANT} may not label pods in namespace "), message
 
 
+def test_pod_annotations_are_refused_since_webhooks_act_on_them(
+    kubectl, policy: None, tenant_namespace: str
+) -> None:
+    """An annotation can ask an identity webhook (Vault's injector, kube2iam) for another role."""
+    identity = {"pod": {"annotations": {"vault.hashicorp.com/role": "payments-admin"}}}
+    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(identity)))
+    assert message.startswith(
+        f"spec.pod.annotations['vault.hashicorp.com/role']: {TENANT} may not annotate pods in namespace "
+    ), message
+
+
 # ------------------------------------------------------------------------------------- what is allowed
 
 
@@ -437,6 +448,7 @@ EVERYTHING: dict[str, Any] = {
     },
     "pod": {
         "labels": {"app": "payments"},
+        "annotations": {"vault.hashicorp.com/role": "payments-admin"},
         "serviceAccountName": "admin-sa",
         "priorityClassName": "system-node-critical",
         "imagePullSecrets": [{"name": "registry"}],
@@ -544,10 +556,17 @@ def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, t
 
 
 def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_namespace: str) -> None:
-    """admission.allowedVolumeTypes and allowedPodLabelKeys admit a type and label keys for everyone,
+    """admission.allowedVolumeTypes, allowedPodLabelKeys and allowedPodAnnotationKeys admit a type, label
+    and annotation keys for everyone,
     admission.exemptNamespaces a namespace, and validationActions [Warn, Audit] only warns."""
     namespace = tenant_namespace
-    labelled = {"pod": {**NFS["pod"], "labels": {"team": "search", "cost-center": "ml-42"}}}
+    labelled = {
+        "pod": {
+            **NFS["pod"],
+            "labels": {"team": "search", "cost-center": "ml-42"},
+            "annotations": {"prometheus.io/scrape": "true"},
+        }
+    }
     try:
         install(
             kubectl,
@@ -556,6 +575,8 @@ def test_admins_allow_more_in_values(kubectl, helm: Helm, policy: None, tenant_n
             "admission.allowedVolumeTypes={nfs}",
             "--set",
             "admission.allowedPodLabelKeys={team,cost-center}",
+            "--set",
+            "admission.allowedPodAnnotationKeys={prometheus.io/scrape}",
         )
         wait_for(
             lambda: not policy_refuses(kubectl, namespace, labelled), timeout=60, what="nfs, labels allowed"

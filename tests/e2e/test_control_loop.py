@@ -81,7 +81,7 @@ def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace,
             "labels": {"app.kubernetes.io/managed-by": "stoker", "app.kubernetes.io/instance": "planted"},
             "annotations": {
                 "stoker.dev/compile-cache-of": "planted",
-                "stoker.dev/compile-cache-signature": "0" * 64,
+                "stoker.dev/claim-signature": "0" * 64,
                 "stoker.dev/seeded-key": "0" * 64,
                 "stoker.dev/seeded-signature": "0" * 64,
                 "stoker.dev/model-facts": json.dumps({"numLayers": 9223372036854775807}),
@@ -101,6 +101,44 @@ def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace,
     assert not (found["status"].get("cache") or {}).get("seededKey")
     assert "model" not in (found["status"].get("startup") or {})
     assert get_json(kubectl, "-n", namespace, "deployment", "planted") is None
+
+
+def test_a_claim_with_a_forged_owner_reference_is_a_conflict(namespace, kubectl, operator):
+    # A tenant who may create claims writes the service's owner reference on one while the service has no
+    # cache claim, then the cache is turned on: the reference is not stoker's signature.
+    svc = minimal("forged")
+    svc["spec"]["coldStart"] = {"compileCache": {"enabled": False}, "seed": {"enabled": False}}
+    apply(kubectl, namespace, svc)
+    live = wait_ready(kubectl, namespace, "forged")
+    owner = {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "name": "forged",
+        "uid": live["metadata"]["uid"],
+        "controller": True,
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "forged-cache", "namespace": namespace, "ownerReferences": [owner]},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(claim))
+    svc["spec"]["coldStart"] = {}
+    apply(kubectl, namespace, svc)
+
+    def conflict() -> dict | None:
+        found = get_json(kubectl, "-n", namespace, "vllmservice", "forged")
+        return found if condition(found, "Degraded").get("reason") == "ChildConflict" else None
+
+    found = wait_for(conflict, 60, what="ChildConflict")
+    assert f"PersistentVolumeClaim {namespace}/forged-cache" in condition(found, "Degraded")["message"]
+    deployment = get_json(kubectl, "-n", namespace, "deployment", "forged")
+    volumes = json.dumps(deployment["spec"]["template"]["spec"].get("volumes") or [])
+    assert "forged-cache" not in volumes
+    planted = get_json(kubectl, "-n", namespace, "pvc", "forged-cache")
+    assert "stoker.dev/claim-signature" not in (planted["metadata"].get("annotations") or {})
+    assert get_json(kubectl, "-n", namespace, "job", "-l", "app.kubernetes.io/instance=forged")["items"] == []
 
 
 def test_a_cache_claim_recreated_under_a_running_service_is_seeded_again(namespace, kubectl, operator):

@@ -364,6 +364,73 @@ def test_an_apply_the_api_server_refuses_is_reported_and_retried_with_backoff(na
     wait_ready(kubectl, namespace, "refused", timeout=90)
 
 
+def refuse_status_of_labelled_services(kubectl: Any, namespace: str) -> str:
+    """A ValidatingAdmissionPolicy that refuses every status write changing status.cache of a VLLMService
+    labelled refuse-status in `namespace`, as a policy or an older CRD's schema would; returns its name."""
+    name = f"refuse-status-{namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["stoker.dev"],
+                        "apiVersions": ["*"],
+                        "operations": ["UPDATE"],
+                        "resources": ["vllmservices/status"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!('refuse-status' in object.metadata.?labels.orValue({}))"
+                    " || object.?status.?cache == oldObject.?status.?cache",
+                    "message": "status.cache is not accepted here",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
+    )
+    return name
+
+
+def test_a_status_the_api_server_refuses_is_a_condition_and_backs_off(namespace, kubectl, operator):
+    policy = refuse_status_of_labelled_services(kubectl, namespace)
+    try:
+        manifest = service("mute")
+        manifest["metadata"]["labels"] = {"refuse-status": "yes"}
+        time.sleep(3)  # the API server loads a new policy within a second or so
+        apply(kubectl, namespace, manifest)
+        svc = wait_degraded(kubectl, namespace, "mute", "StatusRefused")
+        message = condition(svc, "Degraded")["message"]
+        assert "status.cache is not accepted here" in message, message
+        assert len(warnings(kubectl, namespace, "mute", "StatusRefused")) == 1
+        time.sleep(8)
+        failures = [line for line in operator.log().splitlines() if f"key={namespace}/mute" in line]
+        assert 1 <= len(failures) <= 5, failures  # backoff, not a busy loop
+        kubectl("-n", namespace, "label", "vllmservice", "mute", "refuse-status-")
+        wait_ready(kubectl, namespace, "mute", timeout=90)
+    finally:
+        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy, check=False)
+
+
 # ------------------------------------------------------------------ any accepted object renders and deletes
 
 

@@ -15,7 +15,7 @@ from stoker.controller.decide import (
     decide_children,
     decide_status,
 )
-from stoker.controller.ownership import cache_claim_signature, seeded_signature
+from stoker.controller.ownership import claim_signature, seeded_signature
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
 
 KEY = "operator-signing-key-0123456789"
@@ -76,7 +76,7 @@ def converged(obj: dict) -> dict:
         live = as_live(child, obj, f"{child['kind']}-uid")
         if child["kind"] == "PersistentVolumeClaim":
             live["metadata"].pop("ownerReferences")
-            live["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] = cache_claim_signature(
+            live["metadata"].setdefault("annotations", {})["stoker.dev/claim-signature"] = claim_signature(
                 KEY, live
             )
         children[(child["kind"], child["metadata"]["name"])] = live
@@ -101,20 +101,32 @@ def test_an_unchanged_service_writes_nothing():
     assert [w.desired["kind"] for w in plan.writes] == ["Job"]
 
 
-def test_a_created_claim_is_signed_and_let_go_under_retain():
+def test_a_created_claim_is_let_go_under_retain_and_keeps_its_signature():
     obj = body()
     children = converged(obj)
     claim_id = next(k for k in children if k[0] == "PersistentVolumeClaim")
     claim = children[claim_id]
-    kopf.append_owner_reference(claim, owner=kopf.Body(obj))
-    del claim["metadata"]["annotations"]["stoker.dev/compile-cache-signature"]
+    kopf.append_owner_reference(claim, owner=kopf.Body(obj))  # as created, signed by act
     plan = decide_children(snapshot(obj, children))
     write = next(w for w in plan.writes if w.desired["kind"] == "PersistentVolumeClaim")
     assert write.release_owner
-    assert write.desired["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] == (
-        cache_claim_signature(KEY, claim)
+    assert write.desired["metadata"]["annotations"]["stoker.dev/claim-signature"] == (
+        claim_signature(KEY, claim)
     )
     assert "ownerReferences" not in write.desired["metadata"]
+
+
+def test_a_claim_with_a_forged_owner_reference_is_a_conflict_and_never_signed():
+    # Anyone who may create claims may write this service's owner reference on one.
+    obj = body()
+    children = converged(obj)
+    claim_id = next(k for k in children if k[0] == "PersistentVolumeClaim")
+    forged = children[claim_id]
+    kopf.append_owner_reference(forged, owner=kopf.Body(obj))
+    del forged["metadata"]["annotations"]["stoker.dev/claim-signature"]
+    plan = decide_children(snapshot(obj, children))
+    assert plan.blocked is not None and "PersistentVolumeClaim t1/llm-cache" in plan.blocked
+    assert plan.writes == [] and plan.deletions == []
 
 
 def test_a_planted_cache_claim_with_copied_annotations_is_a_conflict():

@@ -1,7 +1,7 @@
 from stoker.controller.ownership import (
     ChildConflict,
     apply_ownership_patch,
-    cache_claim_signature,
+    claim_signature,
     conflicts,
     covers,
     created_by_deployment,
@@ -12,6 +12,7 @@ from stoker.controller.ownership import (
     release,
     retained_cache_of,
     seeded_signature,
+    stokers,
 )
 
 KEY = "operator-signing-key-0123456789"
@@ -197,9 +198,7 @@ def kept_claim(annotation: str | None, *owners: str, uid: str = "claim-uid", sig
     if annotation is not None:
         claim["metadata"]["annotations"] = {"stoker.dev/compile-cache-of": annotation}
         if signed:
-            claim["metadata"]["annotations"]["stoker.dev/compile-cache-signature"] = cache_claim_signature(
-                KEY, claim
-            )
+            claim["metadata"]["annotations"]["stoker.dev/claim-signature"] = claim_signature(KEY, claim)
     return claim
 
 
@@ -227,6 +226,18 @@ def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name_with_the_o
         KEY,
     )
     assert found == [ChildConflict("PersistentVolumeClaim", "ns", "x-cache")]
+
+
+def test_an_owner_reference_alone_does_not_make_a_claim_stokers():
+    # Anyone who may create claims can write a VLLMService's owner reference on one; the signature over the
+    # claim's uid is made only by the operator, right after it created the claim.
+    assert stokers("PersistentVolumeClaim", kept_claim("x", UID), UID, "x", KEY)
+    assert not stokers("PersistentVolumeClaim", kept_claim("x", UID, signed=False), UID, "x", KEY)
+    assert not stokers("PersistentVolumeClaim", obj("x-model", UID), UID, "x", KEY)
+    copied = kept_claim("x", UID)
+    copied["metadata"]["uid"] = "planted-uid"
+    assert not stokers("PersistentVolumeClaim", copied, UID, "x", KEY)
+    assert stokers("Service", obj("x", UID), UID, "x", KEY)
 
 
 def test_a_seeded_key_counts_only_with_the_operators_signature_over_this_claim():

@@ -17,11 +17,12 @@ from kubernetes.client.exceptions import ApiException
 
 from stoker.api import VLLMServiceStatus
 from stoker.controller.cache import ObjectCache
+from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.decide import ChildrenPlan, Event, Outcome
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import merge_patch
-from stoker.controller.ownership import ChildConflict, foreign_template_fields, release
-from stoker.render import SEED_CLAIM_UID_ANNOTATION
+from stoker.controller.ownership import ChildConflict, claim_signature, foreign_template_fields, release
+from stoker.render import CLAIM_SIGNATURE_ANNOTATION, SEED_CLAIM_UID_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,10 @@ class InTheWay(Exception):
 
 
 class Actor:
-    def __init__(self, kube: Kube, cache: ObjectCache) -> None:
+    def __init__(self, kube: Kube, cache: ObjectCache, signing_key: str) -> None:
         self.kube = kube
         self.cache = cache
+        self.signing_key = signing_key
         # The control Secret is never read (no watch, no GET), so what this process wrote is what it
         # knows: (namespace, name, owner uid) -> digest of the written data.
         self._secrets: dict[tuple[str, str, str], str] = {}
@@ -90,6 +92,8 @@ class Actor:
             # Create, not apply: if an object of that name appeared since the read, this fails (409)
             # instead of taking it over.
             created = self.kube.create(child)
+            if child["kind"] == "PersistentVolumeClaim":
+                return self._sign(created)
             if child["kind"] == "Deployment":
                 # So that later applies remove what stoker stops rendering in the pod template (a label
                 # dropped from spec.pod). Only here: the other kinds' specs are immutable or hold fields the
@@ -114,6 +118,22 @@ class Actor:
                     ",".join(op["path"] for op in foreign if op["op"] == "remove"),
                 )
         return written
+
+    def _sign(self, claim: Manifest) -> Manifest:
+        """Sign a claim stoker just created (ownership.claim_signature), testing its uid on the way; one
+        it could not sign is deleted again, as no later pass could tell it from a tenant's."""
+        meta = claim["metadata"]
+        annotations = dict(meta.get("annotations") or {})
+        annotations[CLAIM_SIGNATURE_ANNOTATION] = claim_signature(self.signing_key, claim)
+        ops = [
+            {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+            {"op": "add", "path": "/metadata/annotations", "value": annotations},
+        ]
+        try:
+            return self.kube.patch_json("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"], ops)
+        except ApiException:
+            self.kube.delete("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"], meta["uid"])
+            raise
 
     def _own_as_applied(self, created: Manifest) -> None:
         try:
@@ -168,7 +188,32 @@ class Actor:
         if wanted == written:
             return  # nothing changed: no write, no watch event, no churn
         meta = body["metadata"]
-        self.kube.patch_service_status(meta["namespace"], meta["name"], merge_patch(written, wanted))
+        try:
+            self.kube.patch_service_status(meta["namespace"], meta["name"], merge_patch(written, wanted))
+        except ApiException as error:
+            if error.status in (400, 422):  # refused for what it says: say so where the user looks
+                self._report_refused_status(body, api_error_message(error))
+            raise  # the work queue retries with its backoff
+
+    def _report_refused_status(self, body: Manifest, message: str) -> None:
+        """A status the API server refused (an admission policy, a schema an older CRD has) as a Degraded
+        condition alone, in a patch small enough to pass, and a Warning Event (aggregated on repeats)."""
+        meta = body["metadata"]
+        previous = (body.get("status") or {}).get("conditions") or []
+        text = f"The API server refused the status: {message}"[:1024]
+        refused = Condition("Degraded", True, "StatusRefused", text)
+        degraded = merge_conditions(previous, [refused], int(meta.get("generation") or 0), now_rfc3339())
+        conditions = [c for c in previous if c.get("type") != "Degraded"] + degraded
+        self.kube.post_event(body, "StatusRefused", refused.message, warning=True)
+        try:
+            self.kube.patch_service_status(meta["namespace"], meta["name"], {"conditions": conditions})
+        except ApiException as error:
+            log.warning(
+                "Status refused, and its Degraded condition too vllmservice=%s/%s: %s",
+                meta["namespace"],
+                meta["name"],
+                api_error_message(error),
+            )
 
 
 def api_error_message(error: ApiException) -> str:

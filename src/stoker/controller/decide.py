@@ -31,7 +31,7 @@ from stoker.controller.conditions import (
 from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, child_problems
 from stoker.controller.objects import job_outcome, still_running
 from stoker.controller.ownership import (
-    cache_claim_signature,
+    claim_signature,
     conflicts,
     covers,
     foreign_template_fields,
@@ -43,8 +43,8 @@ from stoker.controller.ownership import (
 )
 from stoker.predict.model import ModelFacts
 from stoker.render import (
-    CACHE_CLAIM_SIGNATURE_ANNOTATION,
     CACHE_KEY_LABEL,
+    CLAIM_SIGNATURE_ANNOTATION,
     MODEL_FACTS_ANNOTATION,
     SEED_CLAIM_UID_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
@@ -248,9 +248,12 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         # Kept on delete (and a key to sign with): the claim lets go of its owner reference once signed,
         # so that a later VLLMService of this name can prove the claim is stoker's.
         retained = is_cache_claim and retain and current is not None
+        if kind == "PersistentVolumeClaim" and current is not None and snap.signing_key is not None:
+            # Signed when created (act.py); applied with the rest so that the apply owns it too.
+            annotations = child["metadata"].setdefault("annotations", {})
+            annotations[CLAIM_SIGNATURE_ANNOTATION] = claim_signature(snap.signing_key, current)
         if is_cache_claim and current is not None and snap.signing_key is not None:
             annotations = child["metadata"]["annotations"]
-            annotations[CACHE_CLAIM_SIGNATURE_ANNOTATION] = cache_claim_signature(snap.signing_key, current)
             if seeded:
                 annotations[SEEDED_KEY_ANNOTATION] = key
                 if facts is not None:
@@ -260,11 +263,10 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
                 )
         release_owner = retained and current is not None and owned_by(current, uid)
         if not retained:
-            # A cache claim too is created with an owner reference: until it is signed, the reference is
-            # what makes it stoker's.
+            # A cache claim to keep is created with an owner reference too, and lets go of it next pass.
             kopf.append_owner_reference(child, owner=kopf.Body(snap.body))  # type: ignore[arg-type]
-        if is_cache_claim and current is None:
-            plan.recheck_after = 0.0  # sign it (and let go of it, under Retain) as soon as it exists
+        if is_cache_claim and current is None and retain:
+            plan.recheck_after = 0.0  # let go of it as soon as it exists
         if (
             kind != "Secret"
             and current is not None

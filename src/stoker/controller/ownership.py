@@ -13,14 +13,17 @@ refuses it if that changed in between (no window in which a newcomer is taken):
   tests `/metadata/ownerReferences/0/uid` (atomic with the write; 422 if not stoker's);
 - deletions (superseded seed Jobs, standby pods) carry a uid precondition.
 
-One exception, explicit and narrow: a compile-cache PVC kept after its VLLMService was deleted
-(`retentionPolicy: Retain`) has no owner reference by design, so the next VLLMService of the same name
-takes it back when it has no owner references at all, carries the annotation naming that VLLMService
-(`stoker.dev/compile-cache-of`) and the operator's signature over the claim's own uid
-(`stoker.dev/compile-cache-signature`), which stoker adds right after creating the claim, before it lets
-go of its owner reference. A claim a tenant made, with copied annotations, has another uid: refused. What
-the cache holds is trusted (the seed skipped) only with a second signature over the claim's uid and the
-seeded key (`stoker.dev/seeded-signature`): Inductor and Triton caches are code the pods load.
+Claims are the one kind a tenant who may not create pods can make, and an owner reference is just a field
+its creator writes: a PersistentVolumeClaim is stoker's only with the operator's signature over its
+namespace, name and uid (`stoker.dev/claim-signature`), which stoker adds right after creating it (a
+claim it cannot sign is deleted again). A claim a tenant made, with a copied owner reference or copied
+annotations, has another uid: a conflict, never mounted. One exception, explicit and narrow: a
+compile-cache PVC kept after its VLLMService was deleted (`retentionPolicy: Retain`) has no owner
+reference by design, so the next VLLMService of the same name takes it back when it has no owner
+references at all, carries the annotation naming that VLLMService (`stoker.dev/compile-cache-of`) and the
+signature. What the cache holds is trusted (the seed skipped) only with a second signature over the
+claim's uid and the seeded key (`stoker.dev/seeded-signature`): Inductor and Triton caches are code the
+pods load.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from stoker.render import (
-    CACHE_CLAIM_SIGNATURE_ANNOTATION,
+    CLAIM_SIGNATURE_ANNOTATION,
     MODEL_FACTS_ANNOTATION,
     RETAINED_CACHE_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
@@ -52,34 +55,44 @@ def _hmac(secret: str, *parts: str) -> str:
     return hmac.new(secret.encode(), "\n".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
-def cache_claim_signature(secret: str, claim: Manifest) -> str:
-    """The operator's HMAC-SHA256 over a cache claim it created: namespace, uid and the VLLMService name
-    it keeps the cache of. A tenant can copy stoker's annotations onto a claim, not sign that claim's uid."""
+def claim_signature(secret: str, claim: Manifest) -> str:
+    """The operator's HMAC-SHA256 over a claim it created: namespace, name and uid. A tenant can copy
+    stoker's annotations and owner reference onto a claim, not sign that claim's uid."""
     meta = claim["metadata"]
-    service = (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) or ""
-    return _hmac(secret, "compile-cache-of", meta["namespace"], meta["uid"], service)
+    return _hmac(secret, "claim", meta["namespace"], meta["name"], meta["uid"])
+
+
+def signed_claim(claim: Manifest, secret: str | None) -> bool:
+    """Whether the operator signed this very claim (see claim_signature)."""
+    meta = claim["metadata"]
+    signature = (meta.get("annotations") or {}).get(CLAIM_SIGNATURE_ANNOTATION)
+    return (
+        secret is not None
+        and signature is not None
+        and bool(meta.get("uid"))
+        and hmac.compare_digest(signature, claim_signature(secret, claim))
+    )
 
 
 def retained_cache_of(kind: str, obj: Manifest, service_name: str, secret: str | None) -> bool:
     """A compile-cache PVC stoker created for a VLLMService of this name and kept after its deletion: no
     owner, annotated with that name, and signed by the operator for this very claim."""
     meta = obj["metadata"]
-    annotations = meta.get("annotations") or {}
-    signature = annotations.get(CACHE_CLAIM_SIGNATURE_ANNOTATION)
     return (
         kind == "PersistentVolumeClaim"
         and not meta.get("ownerReferences")
-        and annotations.get(RETAINED_CACHE_ANNOTATION) == service_name
-        and secret is not None
-        and signature is not None
-        and bool(meta.get("uid"))
-        and hmac.compare_digest(signature, cache_claim_signature(secret, obj))
+        and (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) == service_name
+        and signed_claim(obj, secret)
     )
 
 
 def stokers(kind: str, obj: Manifest, owner_uid: str, service_name: str, secret: str | None) -> bool:
-    """Whether stoker may apply to this object for the VLLMService (uid, name)."""
-    return owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name, secret)
+    """Whether stoker may apply to this object for the VLLMService (uid, name); a claim only if signed."""
+    if kind == "PersistentVolumeClaim":
+        return signed_claim(obj, secret) and (
+            owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name, secret)
+        )
+    return owned_by(obj, owner_uid)
 
 
 def seeded_signature(secret: str, claim: Manifest, seeded_key: str, facts: str | None) -> str:

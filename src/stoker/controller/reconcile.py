@@ -54,7 +54,7 @@ class Reconciler:
         self.startups = startups
         self.standby = StandbyPool(kube, settings)
         self.observer = Observer(kube, cache, settings.field_manager)
-        self.actor = Actor(kube, cache)
+        self.actor = Actor(kube, cache, self.standby.key)
 
     def reconcile(self, key: ObjectKey, resync: bool) -> float | Gone | None:
         """Converge one object; returns seconds after which to look again, if time alone changes things,

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from stoker.api import VLLMService, user_message
 from stoker.api.models import StartupStatus
 from stoker.controller import metrics
+from stoker.controller.act import api_error_message
 from stoker.controller.cache import ObjectCache, labels_match
 from stoker.controller.coefficients import CoefficientStore, RecordOutcome
 from stoker.controller.conditions import now_rfc3339
@@ -488,9 +489,22 @@ class StartupRecorder:
         if written == wanted:
             return
         meta = body["metadata"]
-        self.kube.patch_service_status(
-            meta["namespace"], meta["name"], {"startup": merge_patch(written, wanted)}
-        )
+        try:
+            self.kube.patch_service_status(
+                meta["namespace"], meta["name"], {"startup": merge_patch(written, wanted)}
+            )
+        except ApiException as error:
+            if error.status not in (400, 422):
+                raise
+            # Refused for what it says: the reason alone, which the reconcile turns into StartupRecorded.
+            refused = f"The API server refused status.startup: {api_error_message(error)}"[:1024]
+            self.kube.post_event(body, "StartupNotRecorded", refused, warning=True)
+            self.kube.patch_service_status(
+                meta["namespace"],
+                meta["name"],
+                {"startup": {"recording": {"refused": refused, "at": now_rfc3339()}}},
+            )
+            raise
         self.recorded((meta["namespace"], meta["name"]))
 
 

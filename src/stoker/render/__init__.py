@@ -13,9 +13,9 @@ from stoker.render.engine import (
     model_string,
 )
 from stoker.render.names import (
-    CACHE_CLAIM_SIGNATURE_ANNOTATION,
     CACHE_KEY_ANNOTATION,
     CACHE_KEY_LABEL,
+    CLAIM_SIGNATURE_ANNOTATION,
     COMPONENT_LABEL,
     COMPONENT_SEED,
     COMPONENT_SERVER,
@@ -41,10 +41,10 @@ from stoker.render.seed import build_seed_job, seed_invocation
 from stoker.render.service import build_service
 
 __all__ = [
-    "CACHE_CLAIM_SIGNATURE_ANNOTATION",
     "CACHE_KEY_ANNOTATION",
     "CACHE_KEY_LABEL",
     "CACHE_MOUNT_PATH",
+    "CLAIM_SIGNATURE_ANNOTATION",
     "COMPONENT_LABEL",
     "COMPONENT_SEED",
     "COMPONENT_SERVER",

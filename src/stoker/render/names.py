@@ -33,9 +33,10 @@ MODEL_FACTS_ANNOTATION = "stoker.dev/model-facts"
 # The operator's HMAC over the claim's namespace, uid, seeded key and facts: a tenant can copy the two
 # annotations above onto a claim of their own, but not sign them for its uid.
 SEEDED_SIGNATURE_ANNOTATION = "stoker.dev/seeded-signature"
-# The operator's HMAC over a cache claim's namespace, uid and VLLMService name: only a signed claim
-# without owners is taken back (see controller/ownership.py).
-CACHE_CLAIM_SIGNATURE_ANNOTATION = "stoker.dev/compile-cache-signature"
+# The operator's HMAC over a claim's namespace, name and uid, added right after stoker created it: an
+# owner reference proves nothing on a claim, as anyone who may create claims can write one (see
+# controller/ownership.py).
+CLAIM_SIGNATURE_ANNOTATION = "stoker.dev/claim-signature"
 # On a seed Job: the uid of the cache claim it fills. A claim re-created since is not filled by it.
 SEED_CLAIM_UID_ANNOTATION = "stoker.dev/seed-claim-uid"
 
