@@ -19,7 +19,7 @@ from hack.kwoklogs import SECONDS_PREFIX, print_recording, serve_log, started_at
 
 from stoker.predict.fleet import FLEET_INFLUENCE, STORE_BYTES, read_class
 from stoker.predict.model import MAX_LAYERS, HardwareClass
-from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.helpers import condition, get_json, wait_for
 from tests.e2e.test_prediction import CONFIGMAP, CONFIGMAP_NAMESPACE, DATA, RECORDED, fleet, llama
 
 pytestmark = pytest.mark.e2e
@@ -259,6 +259,14 @@ def test_what_an_earlier_version_left_is_dropped_and_a_full_configmap_is_reporte
 
         (event,) = wait_for(told, what="the refused start on its VLLMService")
         assert event["type"] == "Warning"
+
+        def not_recorded() -> dict | None:
+            found = get_json(kubectl, "-n", namespace, "vllmservice", "no-room") or {}
+            recorded = condition(found, "StartupRecorded")
+            return recorded if recorded.get("status") == "False" else None
+
+        recorded = wait_for(not_recorded, what="StartupRecorded=False on the VLLMService")
+        assert recorded["reason"] == "RecordRefused" and "no room" in recorded["message"], recorded
         assert wait_for(
             lambda: expected_total(kubectl, namespace, "no-room"), what="a prediction all the same"
         )
