@@ -53,3 +53,15 @@ def test_objects_of_an_instance_are_found_without_a_scan_and_handed_out_as_copie
     cache.observe("Pod", moved)
     assert [p["metadata"]["name"] for p in cache.of_instance("Pod", "ns", "llm")] == ["b"]
     assert [p["metadata"]["name"] for p in cache.of_instance("Pod", "ns", "other")] == ["a"]
+
+
+def test_names_of_unlabelled_objects_are_known_until_deleted():
+    cache = ObjectCache()
+    users = {"metadata": {"name": "llm-cache", "namespace": "ns", "uid": "theirs"}}
+    assert not cache.taken("PersistentVolumeClaim", "ns", "llm-cache")
+    cache.name_taken("PersistentVolumeClaim", users)
+    assert cache.taken("PersistentVolumeClaim", "ns", "llm-cache")
+    assert not cache.taken("PersistentVolumeClaim", "other", "llm-cache")
+    assert cache.get("PersistentVolumeClaim", "ns", "llm-cache") is None  # only the name is kept
+    cache.name_taken("PersistentVolumeClaim", users, deleted=True)
+    assert not cache.taken("PersistentVolumeClaim", "ns", "llm-cache")

@@ -21,7 +21,13 @@ from stoker.controller.conditions import Condition, merge_conditions, now_rfc333
 from stoker.controller.decide import ChildrenPlan, Event, Outcome
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import merge_patch
-from stoker.controller.ownership import ChildConflict, claim_signature, foreign_template_fields, release
+from stoker.controller.ownership import (
+    ChildConflict,
+    claim_signature,
+    foreign_template_fields,
+    release,
+    stokers,
+)
 from stoker.render import CLAIM_SIGNATURE_ANNOTATION, SEED_CLAIM_UID_ANNOTATION
 
 log = logging.getLogger(__name__)
@@ -30,7 +36,7 @@ SECRET_MEMORY = 65536  # control Secrets remembered as written; forgetting one c
 
 
 class InTheWay(Exception):
-    """The control Secret's name is taken by a Secret that is not this VLLMService's."""
+    """A child's name is taken by an object that is not this VLLMService's (one the watch had not shown)."""
 
     def __init__(self, conflict: ChildConflict) -> None:
         super().__init__(conflict.message)
@@ -62,7 +68,7 @@ class Actor:
             if kind == "Job" and claim_uid is not None:  # the claim was created just now
                 child["metadata"]["annotations"][SEED_CLAIM_UID_ANNOTATION] = claim_uid
             try:
-                written = self._write(child, write.current, uid)
+                written = self._write(child, write.current, body)
                 letting_go = release(written, uid) if write.release_owner and written is not None else []
                 if letting_go:  # the apply may have dropped the reference it once applied itself
                     written = self.kube.patch_json("v1", kind, namespace, name, letting_go)
@@ -83,15 +89,21 @@ class Actor:
             log.info("Deleted %s=%s/%s", obj["kind"].lower(), namespace, meta["name"])
         return Outcome(written_children, apply_errors)
 
-    def _write(self, child: Manifest, current: Manifest | None, owner_uid: str) -> Manifest | None:
+    def _write(self, child: Manifest, current: Manifest | None, body: Manifest) -> Manifest | None:
         """Create a missing child or apply one that is stoker's; the Secret only if this process has not
         written it as it is now."""
+        owner_uid = body["metadata"]["uid"]
         if child["kind"] == "Secret":
             return self._write_secret(child, owner_uid)
         if current is None:
             # Create, not apply: if an object of that name appeared since the read, this fails (409)
             # instead of taking it over.
-            created = self.kube.create(child)
+            try:
+                created = self.kube.create(child)
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                return self._taken_since(child, body, error)
             if child["kind"] == "PersistentVolumeClaim":
                 return self._sign(created)
             if child["kind"] == "Deployment":
@@ -118,6 +130,18 @@ class Actor:
                     ",".join(op["path"] for op in foreign if op["op"] == "remove"),
                 )
         return written
+
+    def _taken_since(self, child: Manifest, body: Manifest, error: ApiException) -> Manifest:
+        """The object a create met (409), if it is stoker's (one the watch had not delivered yet: the next
+        pass applies what differs); InTheWay if it is not."""
+        meta = child["metadata"]
+        live = self.kube.get(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+        if live is None:
+            raise error  # gone again: the queue retries
+        owner = body["metadata"]
+        if not stokers(child["kind"], live, owner["uid"], owner["name"], self.signing_key):
+            raise InTheWay(ChildConflict(child["kind"], meta["namespace"], meta["name"]))
+        return live
 
     def _sign(self, claim: Manifest) -> Manifest:
         """Sign a claim stoker just created (ownership.claim_signature), testing its uid on the way; one
@@ -189,11 +213,14 @@ class Actor:
             return  # nothing changed: no write, no watch event, no churn
         meta = body["metadata"]
         try:
-            self.kube.patch_service_status(meta["namespace"], meta["name"], merge_patch(written, wanted))
+            patched = self.kube.patch_service_status(
+                meta["namespace"], meta["name"], merge_patch(written, wanted)
+            )
         except ApiException as error:
             if error.status in (400, 422):  # refused for what it says: say so where the user looks
                 self._report_refused_status(body, api_error_message(error))
             raise  # the work queue retries with its backoff
+        self.cache.remember(patched)  # the next pass, and the learning path, see it before its watch event
 
     def _report_refused_status(self, body: Manifest, message: str) -> None:
         """A status the API server refused (an admission policy, a schema an older CRD has) as a Degraded

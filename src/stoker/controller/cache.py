@@ -3,8 +3,9 @@ watch streams (an informer's store), so that a reconcile reads memory instead of
 
 kopf's watch handlers fill it (`register`); a write's result goes in at once (`remember`), so the pass
 after a write sees it even before its watch event arrives, and an older watch event never replaces a newer
-object (resourceVersions of one kind only grow). What is not labelled as stoker's (a user's object in a
-child's way) is not here: a create then answers 409 and the reconcile reads that object once.
+object (resourceVersions of one kind only grow). Of what is not labelled as stoker's only the name is
+here: a user's object in a child's way is read once, before anything is written; one the watch has not
+delivered yet makes the create answer 409, and the reconcile reads it then.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class ObjectCache:
         self._objects: dict[CacheKey, Manifest] = {}
         # (kind, namespace, instance label) -> names: a service's pods and Jobs without a scan.
         self._by_instance: dict[tuple[str, str, str], set[str]] = {}
+        # Every object of the kinds stoker creates, labelled or not (kopf watches them whole anyway): a
+        # child's name taken by something else is known without a GET before each create.
+        self._taken: set[CacheKey] = set()
 
     def observe(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
         """A watch event: the object as the server has it now, or its deletion."""
@@ -95,9 +99,25 @@ class ObjectCache:
             found = [self._objects[(kind, namespace, name)] for name in names]
             return [copy.deepcopy(obj) for obj in found if matches is None or matches(obj)]
 
+    def name_taken(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
+        """A watch event of any object of a kind stoker creates: only whether its name is taken."""
+        meta = obj["metadata"]
+        key = (kind, meta.get("namespace") or "", meta["name"])
+        with self._guard:
+            if deleted:
+                self._taken.discard(key)
+            else:
+                self._taken.add(key)
+
+    def taken(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the watch saw an object of this name, stoker's or not (see name_taken)."""
+        with self._guard:
+            return (kind, namespace, name) in self._taken
+
 
 def register(cache: ObjectCache) -> None:
-    """kopf watch handlers that keep `cache` current: all VLLMServices, and every object stoker labels."""
+    """kopf watch handlers that keep `cache` current: all VLLMServices, every object stoker labels, and
+    the names of all objects of the kinds it creates."""
 
     def keeper(kind: str) -> Callable[..., None]:
         def keep(type: str | None, body: kopf.Body, **_: Any) -> None:
@@ -105,10 +125,18 @@ def register(cache: ObjectCache) -> None:
 
         return keep
 
+    def names(kind: str) -> Callable[..., None]:
+        def note(type: str | None, body: kopf.Body, **_: Any) -> None:
+            cache.name_taken(kind, dict(body), deleted=type == "DELETED")
+
+        return note
+
     kopf.on.event(GROUP, VERSION, PLURAL, id="cache")(keeper(KIND))
     for group, version, plural, kind in CHILD_RESOURCES:
         resource = (group, version, plural) if group else (version, plural)
         kopf.on.event(*resource, labels=MANAGED, id="cache")(keeper(kind))
+        if kind != "Pod":  # stoker creates no pod itself
+            kopf.on.event(*resource, id="names")(names(kind))
 
 
 def labels_match(selector: Mapping[str, str]) -> Callable[[Manifest], bool]:

@@ -200,12 +200,14 @@ class Kube:
         self._fenced()
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
-    def patch_service_status(self, namespace: str, name: str, status: Manifest) -> None:
-        """A merge patch of the status subresource: lists (conditions) are replaced whole."""
+    def patch_service_status(self, namespace: str, name: str, status: Manifest) -> Manifest:
+        """A merge patch of the status subresource: lists (conditions) are replaced whole. Returns the
+        object as patched."""
         self._fenced()
-        self.custom.patch_namespaced_custom_object_status(
+        patched = self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=self.field_manager
         )
+        return cast(Manifest, patched)
 
     def pod_log_lines(self, namespace: str, pod: str, container: str, limit_bytes: int) -> Iterator[str]:
         """The container's log with kubelet timestamps, streamed line by line and bounded in size."""

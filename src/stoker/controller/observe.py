@@ -1,9 +1,9 @@
 """Observe: one VLLMService and what it owns, read from the watch caches into a `decide.Snapshot`.
 
-The only API reads left in a pass are the ones no watch serves, and each only when it matters: a child
-the cache lacks is read before stoker creates it (an object of that name that stoker does not label is
-in the way, and nothing is written while anything is), and the Events of a claim still Pending or of a
-seed Job without pods (once they had time to get going).
+The only API reads left in a pass are the ones no watch serves, and each only when it matters: an object
+with a child's name that stoker does not label is read before anything is written (it is in the way, and
+nothing is written while anything is), and the Events of a claim still Pending or of a seed Job without
+pods (once they had time to get going).
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ class Observer:
         )
         seed_name = seed_job_name(name, short_cache_key(svc))
         if ("Job", seed_name) in children:  # the current seed Job, also when it is not labelled as ours
-            children.pop(("Job", seed_name))
-            unlabelled = self._child("batch/v1", "Job", namespace, seed_name)
+            unlabelled = children.pop(("Job", seed_name))
             if unlabelled is not None and all(j["metadata"]["name"] != seed_name for j in seed_jobs):
                 seed_jobs.append(unlabelled)
         pods = self.cache.of_instance(
@@ -104,6 +103,8 @@ class Observer:
         )
 
     def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
-        """The child from the watch cache; one it lacks is read, as it may be an object in the way."""
+        """The child from the watch cache; an unlabelled object of its name is read, as it is in the way."""
         cached = self.cache.get(kind, namespace, name)
-        return cached if cached is not None else self.kube.get(api_version, kind, namespace, name)
+        if cached is not None or not self.cache.taken(kind, namespace, name):
+            return cached
+        return self.kube.get(api_version, kind, namespace, name)

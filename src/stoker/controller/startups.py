@@ -5,8 +5,8 @@ Reading logs, pod events and nodes is slow and can fail; none of it runs in the 
 a slow log read delays only other log reads, never a child's write. The recorder writes `status.startup`
 (a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded, the last
 start's compile cache and the model facts, and writes there only the facts a reused cache claim brings.
-Pods, Jobs and Deployments come from the reconcile's watch cache; the API server is asked for the object,
-logs, pod events and nodes.
+The object, its pods, Jobs and Deployments come from the reconcile's watch cache (each status write goes
+in at once); the API server is asked for logs, pod events and nodes.
 
 A run comes from a serving pod turning Ready, a seed Job finishing or a Deployment changing (its old pods
 gone: `last` may describe nothing that serves), and from the reconcile whenever what a prediction
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from stoker.api import VLLMService, user_message
+from stoker.api import KIND, VLLMService, user_message
 from stoker.api.models import StartupStatus
 from stoker.controller import metrics
 from stoker.controller.act import api_error_message
@@ -149,7 +149,7 @@ class StartupRecorder:
         """Parse what started since the last run, learn from it, predict the next start and write
         `status.startup` if it changed; returns when to look again if a log could not be read."""
         namespace, name = key
-        body = self.kube.get_service(namespace, name)
+        body = self.cache.get(KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._guard:
                 self._followed.pop(key, None)
@@ -490,7 +490,7 @@ class StartupRecorder:
             return
         meta = body["metadata"]
         try:
-            self.kube.patch_service_status(
+            patched = self.kube.patch_service_status(
                 meta["namespace"], meta["name"], {"startup": merge_patch(written, wanted)}
             )
         except ApiException as error:
@@ -505,6 +505,8 @@ class StartupRecorder:
                 {"startup": {"recording": {"refused": refused, "at": now_rfc3339()}}},
             )
             raise
+        # A start is recorded once: the next run reads this from the watch cache, before its watch event.
+        self.cache.remember(patched)
         self.recorded((meta["namespace"], meta["name"]))
 
 
