@@ -87,6 +87,9 @@ PODS_PER_SERVICE = 1.25  # its serving pod and, while it runs, its seed Job's po
 
 
 # ------------------------------------------------------------------------------------------- figures
+QUIET_SECONDS = 10.0  # no VLLMService written this long: the services are settled for the quiet resync
+
+
 def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of the samples (the p99 of 50 samples is their 49th smallest)."""
     if not values:
@@ -617,6 +620,17 @@ def phases(
     all_deployed, settled = fill(args.existing, time.monotonic() + args.phase_timeout)
     bench.phase("fill-existing", started)
     bench.say(f"{settled} of {args.existing} services settled, all deployed: {all_deployed}")
+    # Unchanged services: no VLLMService written for QUIET_SECONDS (the learning path's first runs, which
+    # write status.startup, have caught up too), at most a phase timeout.
+    settle_started = time.monotonic()
+    settle_deadline = settle_started + args.phase_timeout
+    while time.monotonic() < settle_deadline:
+        with services.changed:
+            last_change = services.times[-1] if services.times else 0.0
+        if time.monotonic() - last_change >= QUIET_SECONDS:
+            break
+        time.sleep(1)
+    bench.say(f"services unchanged for {QUIET_SECONDS} s after {time.monotonic() - settle_started:.1f} s")
     before, statuses_before = resource_versions(api_client)
     reconciles_before = reconciles()
     started = time.time()

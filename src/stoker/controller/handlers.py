@@ -33,6 +33,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     With no handler that needs it, kopf removes this finalizer from any object that still carries it (one
     an earlier operator version put there), deleted or not."""
     settings.persistence.finalizer = FINALIZER
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     # While the API server is away, each watch retries 1 s doubling to 30 s (as client-go's reflectors),
@@ -42,6 +43,20 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # kopf logs every handler run at INFO ("Handler 'cache' succeeded."): lines per watch event, not per
     # change of state. Its warnings and errors still show.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff-base: only change-detecting handlers use one, and stoker has none. kopf's own deep-copies
+    each watch event's body to build it, a tenth of the operator's CPU in a burst of new services."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 class RetryForever:
@@ -76,8 +91,9 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
 
     # New objects and spec edits apply every child, first. The listing at start names every object once
     # (a key's first run is a resync); status-only changes, such as the operator's own, bring nothing.
+    # Coroutines: kopf runs them in its event loop, a plain function in a thread pool (a hop per event).
     @kopf.on.event(GROUP, VERSION, PLURAL, id="reconcile")
-    def service_changed(
+    async def service_changed(
         type: str | None, namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> None:
         key = (str(namespace), name)
@@ -99,7 +115,7 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_ready, id="child")
-    def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
             queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
