@@ -14,6 +14,7 @@ from stoker.controller.decide import (
     blocked_status,
     decide_children,
     decide_status,
+    first_reaction,
 )
 from stoker.controller.ownership import claim_signature, seeded_signature
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
@@ -92,6 +93,20 @@ def test_a_new_service_creates_every_child_with_an_owner_reference():
     assert plan.gate_closed and plan.recheck_after == 0.0  # the new claim is signed at once
     deployment = next(w.desired for w in plan.writes if w.desired["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 0
+
+
+def test_in_a_burst_a_new_services_first_pass_creates_only_its_deployment():
+    plan = first_reaction(decide_children(snapshot(body())))
+    assert plan is not None
+    assert [w.desired["kind"] for w in plan.writes] == ["Deployment"]
+    assert plan.writes[0].desired["spec"]["replicas"] == 0  # the seed gate holds: nothing runs yet
+    assert plan.recheck_after == 0.0  # the rest in the next pass
+    # Not a new service's plan: nothing to cut.
+    obj = body(cache={"seededKey": None})
+    assert first_reaction(decide_children(snapshot(obj, converged(obj)))) is None
+    seeded = body()
+    seeded["spec"]["coldStart"] = {"seed": {"enabled": False}}  # no gate: the claim must come first
+    assert first_reaction(decide_children(snapshot(seeded))) is None
 
 
 def test_an_unchanged_service_writes_nothing():

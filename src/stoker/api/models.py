@@ -344,7 +344,12 @@ class Resources(_Model):
     """CPU and memory of the engine container (GPUs come from gpus)."""
 
     cpu: Quantity | None = Field(default=None, description="CPU request.")
-    memory: Quantity | None = Field(default=None, description="Memory request and limit.")
+    memory: Quantity | None = Field(
+        default=None,
+        description="Memory request and limit. Unset: a request only (no limit), 6 GiB plus 2 GiB per GPU"
+        " for vLLM's host side, plus, in serving pods that read the checkpoint ahead or may sleep"
+        " (standby level 1), the checkpoint's size once the seed has read it.",
+    )
 
 
 _VALUE_XOR_VALUE_FROM = "value and valueFrom are mutually exclusive"
@@ -641,8 +646,8 @@ class SeedSpec(_Model):
 
 class StandbySpec(_Model):
     """Extra replicas kept started and Ready but asleep (vLLM sleep mode), out of the Service, and woken when
-    the active replica count rises. Level 1 keeps the weights in the pod's CPU memory, so the pod needs
-    host memory for them (`runtime.resources.memory`)."""
+    the active replica count rises. Level 1 keeps the weights in the pod's CPU memory: the default memory
+    request of serving pods counts them (`runtime.resources.memory`)."""
 
     replicas: int = Field(
         default=1, ge=0, le=100, description="Sleeping replicas kept beside the active ones."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -281,6 +281,18 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if owned_by(job, uid) and (job["metadata"].get("labels") or {}).get(CACHE_KEY_LABEL) != short_key
     ]
     return plan
+
+
+def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
+    """A new service's first pass cut to its Deployment, for when other new services wait: the Deployment
+    is what users watch first, and while the seed gate is closed it runs nothing (no replicas), so it needs
+    no volume or seed yet. The next pass, after the others' first ones, creates the rest. None when the
+    plan is not a new service's (anything to apply, or the gate open)."""
+    creates = [write for write in plan.writes if write.current is None]
+    deployment = next((write for write in creates if write.desired["kind"] == "Deployment"), None)
+    if deployment is None or not plan.gate_closed or len(creates) != len(plan.writes) or len(creates) < 2:
+        return None
+    return replace(plan, writes=[deployment], recheck_after=0.0)
 
 
 def _as_rendered(snap: Snapshot, desired: Manifest, live: Manifest) -> bool:

@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
         retry_initial=settings.retry_initial_seconds,
         retry_max=settings.retry_max_seconds,
     )
+    reconciler.others_waiting = queue.urgent_waiting
 
     def start_working() -> None:
         queue.start()

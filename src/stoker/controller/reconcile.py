@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from stoker.controller.decide import (
     blocked_status,
     decide_children,
     decide_status,
+    first_reaction,
 )
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.observe import Observer
@@ -55,6 +57,8 @@ class Reconciler:
         self.standby = StandbyPool(kube, settings)
         self.observer = Observer(kube, cache, settings.field_manager)
         self.actor = Actor(kube, cache, self.standby.key)
+        # Whether new specs wait in the work queue (set by whoever runs the queue).
+        self.others_waiting: Callable[[], bool] = lambda: False
 
     def reconcile(self, key: ObjectKey, resync: bool) -> float | Gone | None:
         """Converge one object; returns seconds after which to look again, if time alone changes things,
@@ -92,6 +96,8 @@ class Reconciler:
         token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
         snapshot = self.observer.snapshot(body, svc, token, self.standby.key)
         plan = decide_children(snapshot)
+        if self.others_waiting() and (first := first_reaction(plan)) is not None:
+            plan = first  # a burst of new services: each one's Deployment before anyone's other children
         if plan.blocked is not None:
             return self._settle(body, blocked_status(body, "ChildConflict", plan.blocked, snapshot.now))
         standby, waits = None, [plan.recheck_after]

@@ -116,6 +116,11 @@ class WorkQueue:
             heapq.heappush(self._due, (due, next(self._order), key))
             self._cond.notify()
 
+    def urgent_waiting(self) -> bool:
+        """Whether keys with a new spec wait for a worker."""
+        with self._cond:
+            return bool(self._urgent)
+
     def _next(self) -> tuple[ObjectKey, bool] | None:
         with self._cond:
             while not self._stopped:

@@ -17,6 +17,7 @@ from stoker.api.owned import (
 )
 from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.render.engine import PORT, EngineInvocation, Role
+from stoker.render.memory import default_memory_request
 from stoker.render.names import (
     CONTROL_TOKEN_KEY,
     Json,
@@ -104,13 +105,18 @@ def _http_probe(period: int, failure_threshold: int, timeout: int = 5) -> Json:
     }
 
 
-def _resources(svc: VLLMService) -> Json:
+def _resources(svc: VLLMService, role: Role) -> Json:
+    """The user's CPU request; the user's memory as request and limit, else the default request for the
+    role (render.memory: no limit, so that the page cache can grow and be reclaimed), so that no pod is
+    BestEffort."""
     wanted = svc.spec.runtime.resources
-    requests = {k: v for k, v in (("cpu", wanted.cpu), ("memory", wanted.memory)) if v is not None}
+    requests: Json = {"cpu": wanted.cpu} if wanted.cpu is not None else {}
     limits: Json = {GPU_RESOURCE: str(svc.spec.runtime.gpus)}
     if wanted.memory is not None:
-        limits["memory"] = wanted.memory
-    return {"requests": requests, "limits": limits} if requests else {"limits": limits}
+        requests["memory"] = limits["memory"] = wanted.memory
+    else:
+        requests["memory"] = default_memory_request(svc, role)
+    return {"requests": requests, "limits": limits}
 
 
 def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
@@ -166,7 +172,7 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
         "args": [_literal(arg) for arg in invocation.args],
         "env": _env(invocation.env, _secret_env(svc, role)),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "resources": _resources(svc),
+        "resources": _resources(svc, role),
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
