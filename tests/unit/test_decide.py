@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import kopf
+import pytest
 
 from stoker.api import VLLMService
 from stoker.controller.decide import (
@@ -171,6 +172,41 @@ def test_a_proven_seed_on_a_kept_claim_skips_the_seed_job():
     assert plan.cache["seededKey"] == cache_key(svc) and plan.cache["claimUid"] == claim["metadata"]["uid"]
     assert [e.reason for e in plan.events] == ["CacheReused"]
     assert all(w.desired["kind"] != "Job" for w in plan.writes)
+
+
+def test_a_kept_claims_facts_reach_status_before_the_replicas_start():
+    # The memory request counts the checkpoint: replicas started before the facts would roll again.
+    obj = body()
+    svc = VLLMService.model_validate(obj)
+    children = converged(obj)
+    claim = children[next(k for k in children if k[0] == "PersistentVolumeClaim")]
+    facts = '{"layers":32}'
+    annotations = claim["metadata"]["annotations"]
+    annotations["stoker.dev/seeded-key"] = cache_key(svc)
+    annotations["stoker.dev/model-facts"] = facts
+    annotations["stoker.dev/seeded-signature"] = seeded_signature(KEY, claim, cache_key(svc), facts)
+    plan = decide_children(snapshot(obj, children))
+    assert plan.seeded and plan.gate_closed and plan.recheck_after == 0.0
+    assert plan.reused_facts == facts
+
+
+def test_replicas_wait_for_the_seeds_record_a_bounded_time():
+    obj = body()
+    svc = VLLMService.model_validate(obj)
+    seed = as_live(next(c for c in render_children(svc) if c["kind"] == "Job"), obj, "seed-uid")
+
+    def finished(at: str) -> dict:
+        done = copy.deepcopy(seed)
+        done["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "completionTime": at}
+        return done
+
+    plan = decide_children(snapshot(obj, converged(obj), [finished("2026-11-26T09:59:57Z")]))
+    assert plan.seeded and plan.gate_closed and plan.recheck_after == pytest.approx(7.0)
+    plan = decide_children(snapshot(obj, converged(obj), [finished("2026-11-26T09:59:40Z")]))
+    assert plan.seeded and not plan.gate_closed  # its log could not be read in time: start anyway
+    recorded = body(startup={"seed": {"cacheKey": short_cache_key(svc)}})
+    plan = decide_children(snapshot(recorded, converged(recorded), [finished("2026-11-26T09:59:59Z")]))
+    assert plan.seeded and not plan.gate_closed
 
 
 def test_a_claim_recreated_under_a_seeded_service_is_seeded_again():

@@ -29,7 +29,7 @@ from stoker.controller.conditions import (
     recording_condition,
 )
 from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, child_problems
-from stoker.controller.objects import job_outcome, still_running
+from stoker.controller.objects import job_outcome, parse_time, still_running
 from stoker.controller.ownership import (
     claim_signature,
     conflicts,
@@ -67,6 +67,8 @@ Manifest = dict[str, Any]
 FAULT_REASONS = frozenset(
     {"ApplyFailed", "VolumeProvisioningFailed", "PodCreationFailed", "StandbyBackoff"}
 ) | (STUCK_WAITING_REASONS)
+# How long serving replicas wait for the learning path to record a finished seed's run (its facts).
+SEED_RECORD_GRACE_SECONDS = 10.0
 # How soon to look again while a superseded seed Job of a re-created claim is being deleted.
 DELETION_RECHECK_SECONDS = 2.0
 
@@ -191,8 +193,21 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         )
         events.append(Event("CacheSeeded", f"Seed job {seed_name} filled the compile cache"))
     seeded = seeding and cache.get("seededKey") == key
+    # The serving pods' memory request counts the checkpoint the seed measured (render/memory.py): the
+    # replicas wait for its run to be recorded, a second after the Job as a rule, so that they do not roll
+    # again when it is; SEED_RECORD_GRACE_SECONDS at most, for a log that cannot be read.
+    record_wait = (
+        _seconds_left(cache.get("seededAt"), snap.now, SEED_RECORD_GRACE_SECONDS)
+        if seeded and seed_outcome == "succeeded" and not seed_recorded
+        else 0.0
+    )
+    # Facts a kept claim brings reach status with this pass: the replicas start with the next one.
+    facts_arriving = reused_facts is not None and _facts_of_key(status, short_key) is None
     gate_closed = (
-        seeding and svc.spec.cold_start.seed.gate_rollout and not seeded and seed_outcome != "failed"
+        seeding
+        and svc.spec.cold_start.seed.gate_rollout
+        and (not seeded or record_wait > 0 or facts_arriving)
+        and seed_outcome != "failed"
     )
     plan = ChildrenPlan(
         key=key,
@@ -208,7 +223,9 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         events=events,
         deletions=deletions,
         reused_facts=reused_facts,
-        recheck_after=DELETION_RECHECK_SECONDS if seed_job_leaving else None,
+        recheck_after=(
+            DELETION_RECHECK_SECONDS if seed_job_leaving else 0.0 if facts_arriving else record_wait or None
+        ),
     )
     rendered = (
         render_children(svc, serving_replicas=0, control_token=snap.control_token)
@@ -281,6 +298,14 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if owned_by(job, uid) and (job["metadata"].get("labels") or {}).get(CACHE_KEY_LABEL) != short_key
     ]
     return plan
+
+
+def _seconds_left(since: str | None, now: str, grace: float) -> float:
+    """Seconds until `grace` seconds have passed since the RFC 3339 time `since` (0 if unknown)."""
+    started, current = parse_time(since), parse_time(now)
+    if started is None or current is None:
+        return 0.0
+    return max(0.0, grace - (current - started).total_seconds())
 
 
 def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
