@@ -69,6 +69,18 @@ def test_fields_set_by_hand_on_the_pod_template_are_removed(namespace, kubectl, 
     wait_ready(kubectl, namespace, "handset")
 
 
+def wait_conflict_over_claim(kubectl, namespace: str, name: str) -> dict:
+    """The VLLMService `name` once Degraded/ChildConflict names its cache claim."""
+
+    def conflict() -> dict | None:
+        found = get_json(kubectl, "-n", namespace, "vllmservice", name)
+        return found if condition(found, "Degraded").get("reason") == "ChildConflict" else None
+
+    found = wait_for(conflict, 60, what="ChildConflict")
+    assert f"PersistentVolumeClaim {namespace}/{name}-cache" in condition(found, "Degraded")["message"]
+    return found
+
+
 def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace, kubectl, operator):
     # What stoker would write, copied by a tenant onto a claim of their own before the service exists.
     svc = minimal("planted")
@@ -92,12 +104,7 @@ def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace,
     kubectl("apply", "-f", "-", input=json.dumps(claim))
     apply(kubectl, namespace, svc)
 
-    def conflict() -> dict | None:
-        found = get_json(kubectl, "-n", namespace, "vllmservice", "planted")
-        return found if condition(found, "Degraded").get("reason") == "ChildConflict" else None
-
-    found = wait_for(conflict, 60, what="ChildConflict")
-    assert f"PersistentVolumeClaim {namespace}/planted-cache" in condition(found, "Degraded")["message"]
+    found = wait_conflict_over_claim(kubectl, namespace, "planted")
     assert not (found["status"].get("cache") or {}).get("seededKey")
     assert "model" not in (found["status"].get("startup") or {})
     assert get_json(kubectl, "-n", namespace, "deployment", "planted") is None
@@ -127,12 +134,7 @@ def test_a_claim_with_a_forged_owner_reference_is_a_conflict(namespace, kubectl,
     svc["spec"]["coldStart"] = {}
     apply(kubectl, namespace, svc)
 
-    def conflict() -> dict | None:
-        found = get_json(kubectl, "-n", namespace, "vllmservice", "forged")
-        return found if condition(found, "Degraded").get("reason") == "ChildConflict" else None
-
-    found = wait_for(conflict, 60, what="ChildConflict")
-    assert f"PersistentVolumeClaim {namespace}/forged-cache" in condition(found, "Degraded")["message"]
+    found = wait_conflict_over_claim(kubectl, namespace, "forged")
     deployment = get_json(kubectl, "-n", namespace, "deployment", "forged")
     volumes = json.dumps(deployment["spec"]["template"]["spec"].get("volumes") or [])
     assert "forged-cache" not in volumes

@@ -137,30 +137,25 @@ class Kube:
     ) -> Manifest:
         """A JSON patch; its `test` operations make it all-or-nothing against what the caller read.
         Returns the object as patched."""
-        self._fenced()
-        return _parsed(
-            self._resource(api_version, kind).patch(
-                body=ops,
-                name=name,
-                namespace=namespace,
-                content_type="application/json-patch+json",
-                field_manager=self.field_manager,
-                serialize=False,
-            )
-        )
+        return self._patch(api_version, kind, namespace, name, ops, "application/json-patch+json")
 
     def patch_merge(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Manifest
     ) -> Manifest:
         """A JSON merge patch; with metadata.resourceVersion in it, the API server answers 409 if the object
         changed since that version (optimistic concurrency)."""
+        return self._patch(api_version, kind, namespace, name, patch, "application/merge-patch+json")
+
+    def _patch(
+        self, api_version: str, kind: str, namespace: str, name: str, body: Any, content_type: str
+    ) -> Manifest:
         self._fenced()
         return _parsed(
             self._resource(api_version, kind).patch(
-                body=patch,
+                body=body,
                 name=name,
                 namespace=namespace,
-                content_type="application/merge-patch+json",
+                content_type=content_type,
                 field_manager=self.field_manager,
                 serialize=False,
             )
