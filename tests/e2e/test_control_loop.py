@@ -134,7 +134,7 @@ def test_a_claim_with_a_forged_owner_reference_is_a_conflict(namespace, kubectl,
     svc["spec"]["coldStart"] = {}
     apply(kubectl, namespace, svc)
 
-    found = wait_conflict_over_claim(kubectl, namespace, "forged")
+    wait_conflict_over_claim(kubectl, namespace, "forged")
     deployment = get_json(kubectl, "-n", namespace, "deployment", "forged")
     volumes = json.dumps(deployment["spec"]["template"]["spec"].get("volumes") or [])
     assert "forged-cache" not in volumes
