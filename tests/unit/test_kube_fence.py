@@ -43,7 +43,7 @@ def test_every_write_method_calls_the_fence_first() -> None:
     ]
     methods = [node for node in cls.body if isinstance(node, ast.FunctionDef)]
     writers = {method.name: client_writes(method) for method in methods if client_writes(method)}
-    assert {"apply", "create", "patch_json", "patch_merge", "delete", "post_event"} <= set(writers)
+    assert {"apply", "create", "_patch", "delete", "post_event"} <= set(writers)
     unfenced = [
         method.name for method in methods if method.name in writers and not calls_the_fence_first(method)
     ]
