@@ -269,9 +269,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
             # Signed when created (act.py); applied with the rest so that the apply owns it too.
             annotations = child["metadata"].setdefault("annotations", {})
             annotations[CLAIM_SIGNATURE_ANNOTATION] = claim_signature(snap.signing_key, current)
-        if is_cache_claim and current is not None and snap.signing_key is not None:
-            annotations = child["metadata"]["annotations"]
-            if seeded:
+            if is_cache_claim and seeded:
                 annotations[SEEDED_KEY_ANNOTATION] = key
                 if facts is not None:
                     annotations[MODEL_FACTS_ANNOTATION] = facts
