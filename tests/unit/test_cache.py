@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from stoker.controller.cache import ObjectCache, labels_match
 
 
@@ -65,3 +67,19 @@ def test_names_of_unlabelled_objects_are_known_until_deleted():
     assert cache.get("PersistentVolumeClaim", "ns", "llm-cache") is None  # only the name is kept
     cache.name_taken("PersistentVolumeClaim", users, deleted=True)
     assert not cache.taken("PersistentVolumeClaim", "ns", "llm-cache")
+
+
+def test_held_objects_give_the_garbage_collector_nothing_to_walk():
+    # A full collection walks every tracked object and stops every thread meanwhile; a cache of dicts made
+    # it last 0.4 to 1.3 s at 500 services.
+    cache = ObjectCache()
+    gc.collect()
+    before = len(gc.get_objects())
+    for number in range(1000):
+        held = pod(f"p{number}", number)
+        containers = [{"name": f"c{i}", "env": [{"name": "A", "value": "1"}]} for i in range(8)]
+        held["spec"] = {"containers": containers}
+        cache.observe("Pod", held)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 2 * 1000  # as dicts: about 30 a pod
+    assert cache.get("Pod", "ns", "p999")["metadata"]["resourceVersion"] == "999"
