@@ -72,11 +72,20 @@ from stoker.render import (
 
 log = logging.getLogger(__name__)
 
-# An unreadable log is asked for again after 10 s, doubling to 1 min (a log that becomes readable is in
-# status within a minute); only its first failure is logged.
+# An unreadable log is asked for again after 10 s, doubling to 1 min, LOG_READ_ATTEMPTS reads in all (about
+# 3 minutes): a log that becomes readable is in status within a minute, and one that never does (no right to
+# pods/log, nodes that serve none) costs no request after that. Its first and last failures are logged.
 LOG_RETRY_SECONDS = 10.0
 LOG_RETRY_MAX_SECONDS = 60.0
+LOG_READ_ATTEMPTS = 6
 LOG_RETRY_MEMORY = 4096  # failed log reads remembered at most; forgetting only means an earlier retry
+
+
+def log_retry_in(failures: int) -> float | None:
+    """Seconds until a log is read again after `failures` failed reads in a row; None: never again."""
+    if failures >= LOG_READ_ATTEMPTS:
+        return None
+    return min(LOG_RETRY_SECONDS * 2 ** (failures - 1), LOG_RETRY_MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,8 @@ class StartupRecorder:
         # (generation, seeded cache key) of each object as the reconcile last saw it.
         self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
         # (pod uid, restarts) of each unreadable log -> (failed reads, when to read it again).
-        self._log_retry: dict[tuple[str, int], tuple[int, float]] = {}
+        # (pod uid, restarts) -> failed reads in a row, and when to read again (None: given up)
+        self._log_retry: dict[tuple[str, int], tuple[int, float | None]] = {}
 
     def start(self) -> None:
         self.queue.start()
@@ -184,8 +194,9 @@ class StartupRecorder:
         if not unread:
             return None
         now = time.monotonic()
-        due = [self._log_retry.get(start, (0, now + LOG_RETRY_SECONDS))[1] for start in unread]
-        return max(1.0, min(due) - now)
+        retries = [self._log_retry.get(start, (0, now + LOG_RETRY_SECONDS))[1] for start in unread]
+        due = [retry_at for retry_at in retries if retry_at is not None]
+        return max(1.0, min(due) - now) if due else None
 
     def _collect(
         self,
@@ -266,8 +277,8 @@ class StartupRecorder:
         namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         attempt = (pod["metadata"]["uid"], int(container.get("restartCount") or 0))
         failures, retry_at = self._log_retry.get(attempt, (0, 0.0))
-        if time.monotonic() < retry_at:
-            return None  # its log was unreadable moments ago; do not ask on every event
+        if retry_at is None or time.monotonic() < retry_at:
+            return None  # its log was unreadable moments ago, or every time; do not ask on every event
         state = container.get("state") or {}
         started_at = (state.get("running") or state.get("terminated") or {}).get("startedAt")
         facts_lines: list[str] = []
@@ -288,18 +299,28 @@ class StartupRecorder:
             )
             kube_phases = kubernetes_phases(pod, self.kube.pod_events(namespace, pod_name))
         except ApiException as error:
-            retry_in = min(LOG_RETRY_SECONDS * 2**failures, LOG_RETRY_MAX_SECONDS)
-            log.log(
-                logging.DEBUG if failures else logging.WARNING,
-                "Reading startup log failed pod=%s/%s status=%s retryIn=%.0fs",
-                namespace,
-                pod_name,
-                error.status,
-                retry_in,
-            )
+            retry_in = log_retry_in(failures + 1)
+            if retry_in is None:
+                log.warning(
+                    "Gave up reading startup log pod=%s/%s status=%s failures=%d: start not recorded",
+                    namespace,
+                    pod_name,
+                    error.status,
+                    failures + 1,
+                )
+            else:
+                log.log(
+                    logging.DEBUG if failures else logging.WARNING,
+                    "Reading startup log failed pod=%s/%s status=%s retryIn=%.0fs",
+                    namespace,
+                    pod_name,
+                    error.status,
+                    retry_in,
+                )
             if len(self._log_retry) > LOG_RETRY_MEMORY:
                 self._log_retry.clear()
-            self._log_retry[attempt] = (failures + 1, time.monotonic() + retry_in)
+            retry_at = None if retry_in is None else time.monotonic() + retry_in
+            self._log_retry[attempt] = (failures + 1, retry_at)
             return None
         if failures:
             log.info("Read startup log pod=%s/%s after %d failed reads", namespace, pod_name, failures)
