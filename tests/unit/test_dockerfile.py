@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ import pytest
 from stoker.api import DEFAULT_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
+# The operator venv's own stoker, not a source tree on PYTHONPATH.
+WITHOUT_PYTHONPATH = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 DOCKERFILE = REPO / "Dockerfile"
 VLLM_VERSION = DEFAULT_IMAGE.rsplit(":", 1)[1]
 
@@ -205,6 +208,7 @@ def test_build_context_holds_what_the_copy_steps_need() -> None:
 def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> None:
     help_text = subprocess.run(
         [str(operator_venv / "bin" / "stoker"), "run", "--help"],
+        env=WITHOUT_PYTHONPATH,
         capture_output=True,
         text=True,
         check=True,
@@ -217,6 +221,7 @@ def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> No
             "-c",
             "import stoker.controller.main, stoker; print(stoker.__file__)",
         ],
+        env=WITHOUT_PYTHONPATH,
         capture_output=True,
         text=True,
         check=True,
