@@ -1112,7 +1112,7 @@ class StartupSummary(_StatusModel):
 
 
 class HostFactsStatus(_StatusModel):
-    """What the phases scale with on the node the seed ran on, measured by the seed (stoker.predict.host)."""
+    """What the phases scale with on the node the seed ran on, measured by the seed (stoker.inpod.host)."""
 
     cpu_seconds: float | None = Field(
         default=None,

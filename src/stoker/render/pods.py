@@ -16,6 +16,8 @@ from stoker.api.owned import (
     SHM_VOLUME,
 )
 from stoker.guard import CONTROL_TOKEN_ENV
+from stoker.inpod import download
+from stoker.inpod.seed import HEALTH_PATH
 from stoker.render.engine import PORT, EngineInvocation, Role
 from stoker.render.memory import default_memory_request
 from stoker.render.names import (
@@ -29,7 +31,6 @@ from stoker.render.names import (
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
-HEALTH_PATH = "/health"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The user stoker's runtime image runs as (Dockerfile, target runtime); HOME=/home/vllm is theirs.
 ENGINE_UID = 1000
@@ -43,15 +44,6 @@ CONTAINER_SECURITY_CONTEXT: Json = {"allowPrivilegeEscalation": False, "capabili
 STARTUP_PROBE_PERIOD_SECONDS = 1
 LONGEST_START_SECONDS = 30 * 60
 STARTUP_PROBE_FAILURE_THRESHOLD = LONGEST_START_SECONDS // STARTUP_PROBE_PERIOD_SECONDS
-
-# Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there.
-DOWNLOAD_SCRIPT = """\
-import sys
-from huggingface_hub import snapshot_download
-repo, revision = sys.argv[1], sys.argv[2] or None
-path = snapshot_download(repo_id=repo, revision=revision, ignore_patterns=["original/**/*"])
-print(f"stoker-download: {repo} is at {path}", flush=True)
-"""
 
 
 def _hf_token_env(svc: VLLMService) -> list[Json]:
@@ -151,12 +143,13 @@ def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
 
 
 def _download_container(svc: VLLMService, invocation: EngineInvocation, mounts: list[Json]) -> Json:
+    """Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there."""
+    revision = [svc.spec.model.revision] if svc.spec.model.revision else []
     return {
         "name": DOWNLOAD_CONTAINER,
         "image": invocation.image,
         "command": [
-            _literal(arg)
-            for arg in ("python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or "")
+            _literal(arg) for arg in ("python3", "-m", download.__name__, svc.spec.model.name, *revision)
         ],
         "env": _env({"HF_HOME": MODEL_CACHE_MOUNT_PATH}, _hf_token_env(svc)),
         "volumeMounts": [dict(m) for m in mounts if m["name"] == MODEL_CACHE_VOLUME],
