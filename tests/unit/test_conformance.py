@@ -65,6 +65,7 @@ def test_swaps_touch_only_the_model_the_port_and_the_mounts():
     assert env["HF_HOME"] == "/tmp/hf"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"  # rendered values are kept
     assert env["PATH"].startswith("/venvs/0.26.0/bin:")
+    assert env["PYTHONPATH"] == str(REPO / "src")  # the programs volume's files, stoker's sources here
     assert "HF_TOKEN" not in local_env(containers["gated-token/serve"], RUN)  # from a Secret: dropped
 
 

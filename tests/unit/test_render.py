@@ -391,19 +391,23 @@ def test_model_cache_downloads_once_and_serves_offline() -> None:
     pod = children["Deployment"]["spec"]["template"]
     env = {e["name"]: e.get("value") for e in engine_container(pod)["env"]}
     assert env["HF_HOME"] == "/var/cache/huggingface" and env["HF_HUB_OFFLINE"] == "1"
-    (download,) = pod["spec"]["initContainers"]
+    programs, download = pod["spec"]["initContainers"]
+    assert programs["name"] == "stoker-programs"  # first: the download runs a program of the volume
     assert download["command"] == [
         *("python3", "-m", "stoker.inpod.download"),
         *("meta-llama/Llama-3.1-8B-Instruct", "main"),
     ]
     download_env = {e["name"] for e in download["env"]}
-    assert download_env == {"HF_HOME", "HF_TOKEN"}  # online, unlike the engine
-    assert download["volumeMounts"] == [{"name": "model-cache", "mountPath": "/var/cache/huggingface"}]
+    assert download_env == {"HF_HOME", "HF_TOKEN", "PYTHONPATH"}  # online, unlike the engine
+    assert download["volumeMounts"] == [
+        {"name": "model-cache", "mountPath": "/var/cache/huggingface"},
+        {"name": "stoker-programs", "mountPath": "/opt/stoker/programs", "readOnly": True},
+    ]
+    unpinned = by_kind(render_children(service(**{"coldStart.modelCache": {"enabled": True}})))
+    (_, download) = unpinned["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    assert download["command"][-2:] == ["stoker.inpod.download", "meta-llama/Llama-3.1-8B-Instruct"]
     claims = [c for c in render_children(svc) if c["kind"] == "PersistentVolumeClaim"]
     assert claims[1]["spec"]["resources"]["requests"]["storage"] == "80Gi"
-    unpinned = by_kind(render_children(service(**{"coldStart.modelCache": {"enabled": True}})))
-    (download,) = unpinned["Deployment"]["spec"]["template"]["spec"]["initContainers"]
-    assert download["command"][-2:] == ["stoker.inpod.download", "meta-llama/Llama-3.1-8B-Instruct"]
 
 
 def test_cache_pvc_follows_the_spec() -> None:

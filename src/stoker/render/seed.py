@@ -16,7 +16,7 @@ from stoker.render.names import (
     object_meta,
     seed_job_name,
 )
-from stoker.render.pods import pod_metadata, pod_spec
+from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
 from stoker.render.prefetch import import_pages_listing
 
 SEED_BACKOFF_LIMIT = 1
@@ -47,7 +47,7 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     )
 
 
-def build_seed_job(svc: VLLMService) -> Json:
+def build_seed_job(svc: VLLMService, *, programs_image: str = DEFAULT_PROGRAMS_IMAGE) -> Json:
     key = cache_key(svc)
     short_key = key[:SHORT_KEY_LENGTH]
     labels = common_labels(svc.name, COMPONENT_SEED, short_key)
@@ -61,7 +61,7 @@ def build_seed_job(svc: VLLMService) -> Json:
             "activeDeadlineSeconds": SEED_ACTIVE_DEADLINE_SECONDS,
             "template": {
                 "metadata": pod_metadata(svc, labels, annotations),
-                "spec": pod_spec(svc, "seed", seed_invocation(svc)),
+                "spec": pod_spec(svc, "seed", seed_invocation(svc), programs_image),
             },
         },
     }
