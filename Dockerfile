@@ -2,6 +2,8 @@
 # Two images from one file:
 #   docker build --target operator -t ghcr.io/stoker-dev/stoker:0.1.0 .
 #   docker build --target runtime  -t ghcr.io/stoker-dev/stoker-vllm:0.26.0 .
+# The operator image also ships the programs stoker runs in its pods (`stoker programs DIR`, run by every
+# seed and serving pod's init container): the runtime image needs nothing of stoker, like any vLLM image.
 # Every base image and package is pinned: tests/unit/test_dockerfile.py rejects floating tags.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
@@ -24,7 +26,8 @@ ENV PYTHONUNBUFFERED=1 \
 RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
     python -m venv /opt/stoker \
     && /opt/stoker/bin/pip install --no-cache-dir /dist/stoker-*.whl \
-    && stoker run --help >/dev/null
+    && stoker run --help >/dev/null \
+    && stoker programs /tmp/programs-check >/dev/null && rm -r /tmp/programs-check
 USER 65532:65532
 EXPOSE 8080 8081
 ENTRYPOINT ["stoker"]
@@ -40,11 +43,6 @@ ARG INSTANTTENSOR_VERSION=0.2.2
 RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \
         "instanttensor==${INSTANTTENSOR_VERSION}" \
     && python3 -c "import instanttensor, runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
-# stoker.guard, the middleware that keeps vLLM's sleep endpoints to the operator (standby replicas): the
-# stoker wheel alone, without its dependencies, as the guard needs only the standard library.
-RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
-    python3 -m pip install --no-cache-dir --no-deps /dist/stoker-*.whl \
-    && python3 -c "import stoker.guard"
 # Most of a warm start is Python imports, twice (API server and engine process). The upstream image is
 # installed by uv, which writes no bytecode, so every new pod would compile it again. Unchecked-hash .pyc
 # files are never re-validated against their sources: the image's files do not change. compileall exits

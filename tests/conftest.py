@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: a real control plane (hack/cluster) for e2e tests, and real vLLM (CPU build).
+"""Shared pytest fixtures: a real control plane (hack/cluster) for e2e tests, real vLLM (CPU build), and
+the programs stoker runs in pods as a pod has them.
 
 The control plane is started once per session on its own work dir and ports, so it never collides
 with a developer's `hack/cluster up`; it is torn down at the end unless STOKER_KEEP_CLUSTER=1.
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from bench.conformance.versions import default_version, venv_path, venv_ready
+
+from stoker.cli import main as stoker_main
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
@@ -270,3 +273,12 @@ def engine_venv() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return venv_path(version)
+
+
+@pytest.fixture(scope="session")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory `stoker programs DIR` wrote, as a pod's stoker-programs init container writes the
+    programs volume: on PYTHONPATH, it is all that `python3 -m stoker.inpod.NAME` imports of stoker."""
+    directory = tmp_path_factory.mktemp("programs")
+    assert stoker_main(["programs", str(directory)]) == 0
+    return directory

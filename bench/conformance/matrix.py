@@ -64,7 +64,7 @@ def rendered_containers(version: str) -> dict[str, dict[str, Any]]:
 
 
 def engine_argv(container: dict[str, Any]) -> list[str]:
-    """The `serve ...` part of a container's argv (the seed wraps it in a python3 -c script)."""
+    """The `serve ...` part of a container's argv (the seed runs it under `python3 -m stoker.inpod.seed`)."""
     argv = container_argv(container)
     return argv[argv.index(SERVE_SUBCOMMAND) :]
 

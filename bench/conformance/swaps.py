@@ -4,18 +4,19 @@ The container's command, args and env are otherwise run exactly as rendered. The
 
 - model: the positional model of `vllm serve` (a Hugging Face id, an s3:// URI or a /models path) becomes
   the tiny local checkpoint (bench/conformance/tiny_model.py): no network, no GPU-sized weights.
-- port: the `--port` value, and the seed wrapper's own `127.0.0.1:<port>` health/completion URL, become a
-  free loopback port, so runs and colleagues' processes on this machine do not collide.
+- port: the `--port` value (which the seed wrapper also asks) becomes a free loopback port, so runs and
+  colleagues' processes on this machine do not collide.
 - cache volume: env values under the cache mount (VLLM_CACHE_ROOT, VLLM_ASSETS_CACHE, TRITON_CACHE_DIR,
   TORCHINDUCTOR_CACHE_DIR, ...) and arguments under it (the import-pages listing that the seed wrapper
   writes and the read-ahead reads) point into one temp dir that the seed and the serving run share, as
   the PVC does; the model-cache mount (HF_HOME) points to another.
+- programs volume: PYTHONPATH's entry for it (the wrappers `python3 -m stoker.inpod.NAME` run from it, vLLM
+  imports stoker.guard from it) becomes stoker's sources, which hold the same files.
 - secrets: env from Secrets (valueFrom, envFrom: HF_TOKEN, S3 credentials, the control token) is
   dropped; the local model needs none and the harness has no cluster.
 - added env: VLLM_CPU_KVCACHE_SPACE=1 (the CPU backend sizes its KV cache in GiB from this, not from
   GPU memory), HF_HUB_OFFLINE=1 (no hub requests, the model is local), a fresh HOME (a container starts
-  with an empty one), PATH and PYTHONPATH as the runtime image has them (the version's venv first; stoker's
-  sources, which the image ships for stoker.guard).
+  with an empty one), PATH as the runtime image has it (the version's venv first).
 - GPU-only parts: `nvidia.com/gpu` limits, probes and mounts are pod fields, not part of the process, so
   they fall away by themselves; `--cudagraph-capture-sizes` stays (the CPU platform accepts and empties it).
   `--load-format instanttensor` (rendered for weights on a volume) becomes `auto`, vLLM's default loader:
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.render import CACHE_MOUNT_PATH, PORT
+from stoker.api.owned import PROGRAMS_MOUNT_PATH
+from stoker.render import CACHE_MOUNT_PATH
 from stoker.render.engine import MODEL_CACHE_MOUNT_PATH
 
 STOKER_SOURCES = Path(__file__).resolve().parents[2] / "src"
@@ -66,8 +68,6 @@ def local_argv(argv: list[str], run: LocalRun) -> list[str]:
             arg = str(run.port)
         elif previous == "--load-format":
             arg = CPU_LOAD_FORMATS.get(arg, arg)
-        elif f"127.0.0.1:{PORT}" in arg:
-            arg = arg.replace(f"127.0.0.1:{PORT}", f"127.0.0.1:{run.port}")
         else:
             arg = _local_path(arg, run)
         swapped.append(arg)
@@ -76,7 +76,12 @@ def local_argv(argv: list[str], run: LocalRun) -> list[str]:
 
 
 def _local_path(value: str, run: LocalRun) -> str:
-    for mount, local in ((CACHE_MOUNT_PATH, run.cache_dir), (MODEL_CACHE_MOUNT_PATH, run.hf_home)):
+    mounts = (
+        (CACHE_MOUNT_PATH, run.cache_dir),
+        (MODEL_CACHE_MOUNT_PATH, run.hf_home),
+        (PROGRAMS_MOUNT_PATH, STOKER_SOURCES),
+    )
+    for mount, local in mounts:
         if value == mount or value.startswith(mount + "/"):
             return str(local) + value[len(mount) :]
     return value
@@ -87,12 +92,13 @@ def local_env(container: dict[str, Any], run: LocalRun) -> dict[str, str]:
     env = {
         "HOME": str(run.home),
         "PATH": f"{run.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": str(STOKER_SOURCES),
         "LANG": "C.UTF-8",
         "VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB,
         "HF_HUB_OFFLINE": "1",
     }
     for var in container.get("env", []):
-        if "value" in var:
+        if var["name"] == "PYTHONPATH":
+            env["PYTHONPATH"] = ":".join(_local_path(entry, run) for entry in var["value"].split(":"))
+        elif "value" in var:
             env[var["name"]] = _local_path(var["value"], run)
     return env

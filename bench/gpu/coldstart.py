@@ -45,6 +45,7 @@ import standby
 from bench.predictor.shapes import SHAPES, Shape
 from harness import (
     HOME,
+    PROGRAMS,
     SEED_SNAPSHOT,
     Budget,
     host_facts,
@@ -65,7 +66,8 @@ from profiles import (
 
 from stoker.api import VLLMService
 from stoker.api.owned import CACHE_MOUNT_PATH, MODEL_SOURCE_MOUNT_PATH
-from stoker.predict.facts import read_model_facts
+from stoker.cli import copy_programs
+from stoker.inpod.facts import read_model_facts
 from stoker.render.prefetch import import_pages_listing
 
 # The sweep keeps one seeded cache per shape (the model path is part of vLLM's compile-cache key).
@@ -203,6 +205,7 @@ def main() -> None:
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     os.environ["PYTHONPATH"] = f"{HOME}/site"
+    copy_programs(PROGRAMS)
     host_facts(out)
     if args.shapes:
         shapes = [SHAPES[name] for name in args.shapes.split(",")]

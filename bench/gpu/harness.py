@@ -37,17 +37,21 @@ CONTAINER_LOCAL = [
     Path("/tmp/torchinductor_root"),
 ]
 SEED_SNAPSHOT = HOME / "seeded-cache"
+# A pod's programs volume (render.pods): what `stoker programs` writes (coldstart.py, at its start), first on
+# the servers' PYTHONPATH as in the pods, with stoker.inpod's wrappers and stoker.guard.
+PROGRAMS = HOME / "stoker-programs"
 SEED_EXIT_TIMEOUT_S = 600  # the seed wrapper's warm-up completion and shutdown
 READY_LIMIT_S = 330
 DECODE_TOKENS = 256
 
 
 def host_env() -> dict[str, str]:
-    """The image's environment: no stray vLLM/JIT settings, vLLM on the path, nothing fetched from a hub."""
+    """The image's environment: no stray vLLM/JIT settings, vLLM on the path, nothing fetched from a hub,
+    and the pod's programs on PYTHONPATH before it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TRITON_", "TORCHINDUCTOR_"))}
     env.update(
         PATH=f"{HOME}/bin:" + env.get("PATH", "/usr/bin:/bin"),
-        PYTHONPATH=f"{HOME}/site",
+        PYTHONPATH=f"{PROGRAMS}:{HOME}/site",
         HOME=str(HOME),
         PYTHONUNBUFFERED="1",
         # Air-gapped host: the hub is unreachable, for every profile alike.
@@ -260,7 +264,7 @@ def prepare(cache_dir: str | None, restore_seed: bool, snapshot: Path = SEED_SNA
 def warm_node(checkpoint: str, listing: str) -> int:
     """What a node agent keeps resident after `prepare` dropped it: the checkpoint's files and the pages the
     seed's cold vLLM read (its import-pages listing), read with stoker's own range reader. Returns bytes."""
-    from stoker.render.prefetch import checkpoint_ranges, listed_ranges, read_ranges
+    from stoker.inpod.read_ahead import checkpoint_ranges, listed_ranges, read_ranges
 
     return read_ranges(itertools.chain(listed_ranges(listing), checkpoint_ranges([checkpoint])))
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    HOME,
     SEED_SNAPSHOT,
     gpu_memory_used_mib,
     prepare,
@@ -38,19 +37,15 @@ from harness import (
 )
 from profiles import Invocation, seed_invocation, serve_invocation
 
-import stoker
 from stoker.api import VLLMService
 from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.standby import EngineControl, EngineControlError
 
-# Where vLLM imports the guard middleware from (the runtime image installs the stoker wheel instead).
-STOKER_SRC = Path(stoker.__file__).resolve().parent.parent
-
 
 def with_token(inv: Invocation, token: str) -> Invocation:
-    """The pod's environment also has the control token (from the Secret) and the guard importable."""
-    env = {**inv.env, CONTROL_TOKEN_ENV: token, "PYTHONPATH": f"{HOME}/site:{STOKER_SRC}"}
-    return dataclasses.replace(inv, env=env)
+    """The pod's environment also has the control token (from the Secret); the guard is with the
+    programs (harness.host_env)."""
+    return dataclasses.replace(inv, env={**inv.env, CONTROL_TOKEN_ENV: token})
 
 
 def refused_without_token(base: str) -> int:

@@ -23,9 +23,9 @@ from typing import Any
 
 from bench.predictor.validate import log_lines
 
+from stoker.inpod.facts import read_model_facts
 from stoker.phases import parse_log
 from stoker.predict import ModelFacts, engine_settings, logged_settings
-from stoker.predict.facts import read_model_facts
 
 
 def sweep_facts(model: dict[str, Any]) -> dict[str, Any]:

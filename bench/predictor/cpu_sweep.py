@@ -46,9 +46,9 @@ from bench.conformance.versions import default_version, venv_path
 from bench.predictor import validate
 from bench.predictor.shapes import CPU_SHAPES, SHAPES, Shape
 
+from stoker.inpod.facts import read_model_facts
 from stoker.phases import parse_log
 from stoker.predict import HardwareClass
-from stoker.predict.facts import read_model_facts
 from stoker.predict.settings import engine_settings, logged_settings
 from stoker.render import PORT
 

@@ -1,5 +1,5 @@
 """Predict starts on hardware left out of the fit (issue 26): fit on one host's starts, predict another
-host's from the two hosts' facts (stoker.predict.host), never from the other host's starts.
+host's from the two hosts' facts (stoker.inpod.host), never from the other host's starts.
 
 usage: python -m bench.predictor.cross_hardware [--out FILE] [--raw FILE]
 
@@ -235,7 +235,7 @@ H100 = "NVIDIA-H100-80GB-HBM3_x1_v0.26"
 H200 = "NVIDIA-H200_x1_v0.26"
 CPU = "cpu_x0_v0.26"
 H100_GPU = {"gpuProduct": "NVIDIA-H100-80GB-HBM3", "gpuMemoryBytes": 81559 << 20, "gpuCount": 1}
-# The seed's probe (stoker.predict.host.measure_host, its source run as the seed runs it) on a machine of the
+# The seed's probe (stoker.inpod.host.measure_host, run as the seed runs it) on a machine of the
 # lead's H200 run's kind (an nvidia-h200 lease: 16 Xeon cores, the models on /dev/vda) right after that run,
 # the median of 5 runs (cpuSeconds 0.0499-0.1048, disk 1.65-2.05 GB/s; `dd` read the same file at 1.9 GB/s):
 # bench/results/predictor-cross-hardware-h200-probe.txt. The run's own host was given back before it.

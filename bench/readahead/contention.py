@@ -1,8 +1,8 @@
 """Does the read-ahead slow the imports it overlaps, and what keeps it out of their way?
 
-Each trial drops the page cache, starts render.prefetch.read_ahead over a checkpoint in a reader process
-(as the serving pod's wrapper forks it: nice 10), and times a cold `import vllm.entrypoints.cli.serve` in
-the vLLM venv beside it; `none` is the import alone. Variants: eight readers from the start, read_ahead's
+Each trial drops the page cache, starts stoker.inpod.read_ahead.read_ahead over a checkpoint in a reader
+process (as the serving pod's wrapper forks it: nice 10), and times a cold `import vllm.entrypoints.cli.serve`
+in the vLLM venv beside it; `none` is the import alone. Variants: eight readers from the start, read_ahead's
 gentle phase (one reader, one request of the given size in flight, until the imports are done), and a
 candidate lever: reading first, with eight threads, the very pages a cold import read (recorded once at the
 start: an audit hook lists the files the import opens and the shared objects it maps, mincore says which of
@@ -18,7 +18,6 @@ usage: PYTHONPATH=src .venv/bin/python bench/readahead/contention.py [--repetiti
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import subprocess
@@ -26,8 +25,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from stoker.render.prefetch import READER_FUNCTIONS
 
 CHECKPOINT = Path("/tmp/stoker-readahead-checkpoint")
 # The importer's mark that its imports are done: in a pod, the server forking its engine process.
@@ -39,7 +36,7 @@ IMPORT = "import vllm.entrypoints.cli.serve"
 
 @dataclass(frozen=True)
 class Variant:
-    # render.prefetch.read_ahead's parameters; readers 0: no weights read
+    # stoker.inpod.read_ahead.read_ahead's parameters; readers 0: no weights read
     readers: int = 0
     chunk: int = 16 << 20
     gentle: int = 0
@@ -55,11 +52,12 @@ VARIANTS: dict[str, Variant | None] = {
     "import-pages": Variant(import_pages=True),
     "import-pages+gentle-512KiB": Variant(readers=8, gentle=512 << 10, import_pages=True),
 }
-# read_ahead's own source, as the serving pod's wrapper embeds it (the reader imports nothing of stoker's).
-READER = (
-    "from __future__ import annotations\nimport os, sys, threading, time\n\n\n"
-    + "\n\n".join(inspect.getsource(f) for f in READER_FUNCTIONS)
-    + """
+# The serving pod's reader functions in a process of their own (stoker.inpod, from PYTHONPATH as in the pod).
+READER = """
+import os, sys, time
+
+from stoker.inpod.read_ahead import listed_ranges, read_ahead, read_ranges
+
 readers, chunk, gentle, import_pages = (int(a) for a in sys.argv[1:5])
 os.nice(10)
 started = time.monotonic()
@@ -70,7 +68,6 @@ imported = lambda: os.path.exists(sys.argv[6])
 read = read_ahead([sys.argv[5]], readers, chunk, gentle, imported) if readers else 0
 print(round(time.monotonic() - started, 2), read, round(pages_read, 2))
 """
-)
 # A cold import under an audit hook: every file it opened (bytecode, sources, data) in order, then the shared
 # objects mapped by the end.
 RECORDER = f"""

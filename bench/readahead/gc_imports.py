@@ -2,10 +2,11 @@
 
 Each trial times `import vllm.entrypoints.cli.serve` in a fresh interpreter of the vLLM venv (page cache
 warm: this measures CPU, not disk), with the collector on (CPython's default) or off, as the serving pod's
-wrapper runs it (render.prefetch.run_with_deferred_gc), counts the collections the import triggered, then
-times one full collection of the import heap as it is and after gc.freeze (what the wrapper does once the
-engine process starts). The two variants alternate; one JSON line per trial, then the medians. On the H100
-the deferred collector took the default's imports from 17.0 to 13.1 s (bench/results/coldstart-h100.json).
+wrapper runs it (stoker.inpod.read_ahead.run_with_deferred_gc), counts the collections the import
+triggered, then times one full collection of the import heap as it is and after gc.freeze (what the wrapper
+does once the engine process starts). The two variants alternate; one JSON line per trial, then the
+medians. On the H100 the deferred collector took the default's imports from 17.0 to 13.1 s
+(bench/results/coldstart-h100.json).
 
 usage: .venv/bin/python -m bench.readahead.gc_imports [--repetitions 5] [--venv DIR]
 """

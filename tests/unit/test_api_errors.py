@@ -94,6 +94,11 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.runtime.env[0]",
         "value and valueFrom are mutually exclusive",
     ),
+    (
+        with_spec(runtime={"env": [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "p"}}}]}),
+        "spec.runtime.env",
+        "PYTHONPATH must be a value, not valueFrom",
+    ),
     (with_spec(runtime={"engineVersion": "0.1.0"}), "spec.runtime.engineVersion", "0.1.0"),
     (
         with_spec(coldStart={"loader": {"format": "pickle"}}),

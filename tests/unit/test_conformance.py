@@ -44,9 +44,16 @@ def test_every_example_renders_a_seed_and_a_serving_container_for_the_selected_v
 def test_swaps_touch_only_the_model_the_port_and_the_mounts():
     containers = rendered_containers("0.26.0")
     seed, serve = containers["minimal/seed"], containers["minimal/serve"]
+    # The seed wrapper asks its server's --port, swapped with it; its listing moves with the cache volume.
     seed_argv = local_argv(container_argv(seed), RUN)
-    assert seed_argv[:2] == ["python3", "-c"]
-    assert "127.0.0.1:41234/health" in seed_argv[2] and ":8000" not in seed_argv[2]
+    original = container_argv(seed)
+    changed = [(a, b) for a, b in zip(original, seed_argv, strict=True) if a != b]
+    assert seed_argv[:3] == ["python3", "-m", "stoker.inpod.seed"]
+    assert changed == [
+        (original[4], "/tmp/cache" + original[4].removeprefix("/var/cache/vllm")),
+        ("Qwen/Qwen2.5-0.5B-Instruct", "/tmp/model"),
+        ("8000", "41234"),
+    ]
     serve_argv = local_argv(container_argv(serve), RUN)
     original = container_argv(serve)
     changed = [(a, b) for a, b in zip(original, serve_argv, strict=True) if a != b]
@@ -58,6 +65,7 @@ def test_swaps_touch_only_the_model_the_port_and_the_mounts():
     assert env["HF_HOME"] == "/tmp/hf"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"  # rendered values are kept
     assert env["PATH"].startswith("/venvs/0.26.0/bin:")
+    assert env["PYTHONPATH"] == str(REPO / "src")  # the programs volume's files, stoker's sources here
     assert "HF_TOKEN" not in local_env(containers["gated-token/serve"], RUN)  # from a Secret: dropped
 
 

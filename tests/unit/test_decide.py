@@ -21,6 +21,7 @@ from stoker.controller.ownership import claim_signature, seeded_signature
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
 
 KEY = "operator-signing-key-0123456789"
+PROGRAMS_IMAGE = "registry.example/stoker:0.1.0"
 NOW = "2026-11-26T10:00:00Z"
 
 
@@ -48,13 +49,15 @@ def as_live(child: dict, owner: dict, uid: str) -> dict:
 
 def snapshot(obj: dict, children: dict | None = None, seed_jobs: list | None = None) -> Snapshot:
     svc = VLLMService.model_validate(obj)
-    rendered = {(c["kind"], c["metadata"]["name"]): None for c in render_children(svc)}
+    rendered = {
+        (c["kind"], c["metadata"]["name"]): None for c in render_children(svc, programs_image=PROGRAMS_IMAGE)
+    }
     rendered.pop(("Job", seed_job_name("llm", short_cache_key(svc))), None)
     rendered.update(children or {})
     return Snapshot(
         body=obj,
         svc=svc,
-        rendered=render_children(svc),
+        rendered=render_children(svc, programs_image=PROGRAMS_IMAGE),
         children=rendered,
         seed_jobs=seed_jobs or [],
         pods=[],
@@ -64,6 +67,7 @@ def snapshot(obj: dict, children: dict | None = None, seed_jobs: list | None = N
         control_token=None,
         signing_key=KEY,
         field_manager="stoker",
+        programs_image=PROGRAMS_IMAGE,
         now=NOW,
     )
 
@@ -72,7 +76,7 @@ def converged(obj: dict) -> dict:
     """Every child as rendered and applied, the claim signed and released."""
     svc = VLLMService.model_validate(obj)
     children = {}
-    for child in render_children(svc):
+    for child in render_children(svc, programs_image=PROGRAMS_IMAGE):
         if child["kind"] == "Job":
             continue
         live = as_live(child, obj, f"{child['kind']}-uid")
@@ -94,6 +98,9 @@ def test_a_new_service_creates_every_child_with_an_owner_reference():
     assert plan.gate_closed and plan.recheck_after == 0.0  # the new claim is signed at once
     deployment = next(w.desired for w in plan.writes if w.desired["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 0
+    # Rendered again for the gate, with the operator's programs image still.
+    (programs,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert programs["image"] == PROGRAMS_IMAGE
 
 
 def test_in_a_burst_a_new_services_first_pass_creates_only_its_deployment():
@@ -193,7 +200,11 @@ def test_a_kept_claims_facts_reach_status_before_the_replicas_start():
 def test_replicas_wait_for_the_seeds_record_a_bounded_time():
     obj = body()
     svc = VLLMService.model_validate(obj)
-    seed = as_live(next(c for c in render_children(svc) if c["kind"] == "Job"), obj, "seed-uid")
+    seed = as_live(
+        next(c for c in render_children(svc, programs_image=PROGRAMS_IMAGE) if c["kind"] == "Job"),
+        obj,
+        "seed-uid",
+    )
 
     def finished(at: str) -> dict:
         done = copy.deepcopy(seed)
@@ -214,7 +225,11 @@ def test_a_claim_recreated_under_a_seeded_service_is_seeded_again():
     svc = VLLMService.model_validate(obj)
     obj["status"]["cache"] = {"seededKey": cache_key(svc), "claimUid": "the-old-claim"}
     children = converged(obj)
-    old_seed = as_live(next(c for c in render_children(svc) if c["kind"] == "Job"), obj, "old-seed-uid")
+    old_seed = as_live(
+        next(c for c in render_children(svc, programs_image=PROGRAMS_IMAGE) if c["kind"] == "Job"),
+        obj,
+        "old-seed-uid",
+    )
     old_seed["metadata"]["annotations"]["stoker.dev/seed-claim-uid"] = "the-old-claim"
     old_seed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     plan = decide_children(snapshot(obj, children, [old_seed]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ import pytest
 from stoker.api import DEFAULT_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
+# The operator venv's own stoker, not a source tree on PYTHONPATH.
+WITHOUT_PYTHONPATH = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 DOCKERFILE = REPO / "Dockerfile"
 VLLM_VERSION = DEFAULT_IMAGE.rsplit(":", 1)[1]
 
@@ -205,6 +208,7 @@ def test_build_context_holds_what_the_copy_steps_need() -> None:
 def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> None:
     help_text = subprocess.run(
         [str(operator_venv / "bin" / "stoker"), "run", "--help"],
+        env=WITHOUT_PYTHONPATH,
         capture_output=True,
         text=True,
         check=True,
@@ -217,6 +221,7 @@ def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> No
             "-c",
             "import stoker.controller.main, stoker; print(stoker.__file__)",
         ],
+        env=WITHOUT_PYTHONPATH,
         capture_output=True,
         text=True,
         check=True,
@@ -225,26 +230,32 @@ def test_the_clean_venv_runs_the_operator_entry_point(operator_venv: Path) -> No
     assert str(operator_venv) in imported  # the wheel's copy, not the source tree
 
 
-def test_the_runtime_image_imports_the_guard_from_the_wheel_without_dependencies(
-    wheel: Path, tmp_path: Path
-) -> None:
-    """The runtime target installs the wheel with --no-deps: vLLM must import stoker.guard from it alone."""
-    assert re.search(
-        r"pip install --no-cache-dir --no-deps /dist/stoker-\*\.whl", " ".join(parse()["runtime"].all("RUN"))
-    )
-    target = tmp_path / "site"
+def test_the_runtime_image_installs_nothing_of_stoker() -> None:
+    """Its pods copy stoker's programs (stoker.inpod, stoker.guard) from the operator's image, as any vLLM
+    image's pods do (render.pods)."""
+    install = " ".join(parse()["runtime"].all("RUN"))
+    assert "stoker" not in install and "/dist" not in install
+
+
+def test_the_operator_image_ships_the_programs_its_pods_copy(operator_venv: Path, tmp_path: Path) -> None:
+    """What the pods' init container runs, from the wheel: a copy that runs on the standard library alone."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        [str(operator_venv / "bin" / "stoker"), "programs", str(tmp_path)],
+        env=WITHOUT_PYTHONPATH,
         check=True,
         capture_output=True,
-        timeout=300,
-    )
-    check = "import sys, stoker.guard; assert not {'pydantic', 'kopf', 'kubernetes'} & set(sys.modules)"
-    subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {check}"],
-        check=True,
         timeout=60,
     )
+    for program in ("read_ahead", "seed", "download"):
+        usage = subprocess.run(
+            [sys.executable, "-S", "-m", f"stoker.inpod.{program}", "--help"],
+            env={**WITHOUT_PYTHONPATH, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        assert usage.startswith(f"usage: python3 -m stoker.inpod.{program}")
 
 
 def test_the_runtime_streamer_pin_exists_for_the_image_python(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """The GPU results' `default` profile is what stoker renders now: every serving profile recorded in the
 latest H100 runs is rendered again from the run's manifest by bench/gpu/profiles.py (stoker's builders) and
 must give the very argv and environment that ran. A renderer change that moves away from the measured
-start fails here until it is measured again. The text of the wrappers' `python3 -c` programs is left out:
-it changes without a new run where it reads a good tree as it did (tests/unit/test_prefetch.py,
-test_hostile_trees.py)."""
+start fails here until it is measured again. The wrappers ran as `python3 -c PROGRAM` then, and run as
+`python3 -m stoker.inpod.NAME` now: the program's text is left out, as it changes without a new run where it
+reads a good tree as it did (tests/unit/test_prefetch.py, test_hostile_trees.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ MANIFEST = REPO / "bench" / "gpu" / "llama-8b.json"
 
 
 def without_program(argv: list[str]) -> list[str]:
-    """`argv` with the program of `python3 -c PROGRAM` left out."""
-    return [*argv[:2], "PROGRAM", *argv[3:]] if argv[1:2] == ["-c"] else argv
+    """`argv` with the wrapper program of `python3 -c PROGRAM` or `python3 -m MODULE` left out."""
+    return [argv[0], "PROGRAM", *argv[3:]] if argv[1:2] in (["-c"], ["-m"]) else argv
 
 
 @pytest.mark.parametrize("results_file", RESULTS, ids=lambda path: path.stem)

@@ -1,9 +1,10 @@
-"""The programs stoker runs inside pods, on hostile trees: the serving pods' read-ahead (render.prefetch) and
-the seed Job's wrapper (render.seed), each taken from the container the builders render and run as a real
-process, under a wall-clock limit and an address-space limit (RLIMIT_AS), around a stand-in `vllm` that
-notes when it started. On every tree each must finish in bounded time and memory, start the server at once
-(the read-ahead) or before it reads the model (the seed, which reads it once the server is healthy), and
-say why it skipped each thing in exactly one line."""
+"""The programs stoker runs inside pods, on hostile trees: the serving pods' read-ahead
+(stoker.inpod.read_ahead) and the seed Job's wrapper (stoker.inpod.seed), each taken from the container the
+builders render and run as a real process from the directory `stoker programs` writes, under a wall-clock
+limit and an address-space limit (RLIMIT_AS), around a stand-in `vllm` that notes when it started. On every
+tree each must finish in bounded time and memory, start the server at once (the read-ahead) or before it
+reads the model (the seed, which reads it once the server is healthy), and say why it skipped each thing in
+exactly one line."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import pytest
 import yaml
 
 from stoker.api import KIND, VLLMService
-from stoker.predict.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, parse_facts_line
+from stoker.inpod.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH
+from stoker.predict.facts import parse_facts_line
 from stoker.render import render_children
 from tests.unit.test_seed_facts import CONFIG
 
@@ -83,7 +85,7 @@ def local_argv(kind: str, model: Path | str, listing: Path) -> list[str]:
     rendered_model = argv[argv.index("serve") + 1]
     argv = [str(model) if arg == rendered_model else arg for arg in argv]
     argv[argv.index("--pages") + 1] = str(listing)
-    assert argv[:2] == ["python3", "-c"]
+    assert argv[:2] == ["python3", "-m"]
     return [sys.executable, *argv[1:]]
 
 
@@ -102,7 +104,7 @@ def limit_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-def run(argv: list[str], tmp_path: Path, seconds: float, serve: bool = False) -> Run:
+def run(argv: list[str], tmp_path: Path, programs: Path, seconds: float, serve: bool = False) -> Run:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stand_in = bin_dir / "vllm"
@@ -112,6 +114,7 @@ def run(argv: list[str], tmp_path: Path, seconds: float, serve: bool = False) ->
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(programs),  # the programs volume's place
         "STOKER_TEST_STARTED": str(note),
         "HF_HUB_CACHE": str(tmp_path / "hub"),
     }
@@ -438,10 +441,11 @@ TREES = [
 @pytest.mark.timeout(READ_AHEAD_SECONDS * 3)
 @pytest.mark.parametrize("tree", TREES, ids=lambda tree: tree.__name__)
 def test_the_read_ahead_finishes_on_a_hostile_tree_and_says_why_it_skipped(
-    tmp_path: Path, tree: Callable[[Path], Tree]
+    tmp_path: Path, programs: Path, tree: Callable[[Path], Tree]
 ) -> None:
     hostile = tree(tmp_path)
-    result = run(local_argv("Deployment", hostile.model, hostile.listing), tmp_path, READ_AHEAD_SECONDS)
+    argv = local_argv("Deployment", hostile.model, hostile.listing)
+    result = run(argv, tmp_path, programs, READ_AHEAD_SECONDS)
     assert result.returncode == 0, result.stderr
     assert result.server_started < READ_AHEAD_SERVER_START_SECONDS, result.stderr
     prefix = "stoker read-ahead: "
@@ -585,10 +589,11 @@ MODELS = [
 ]
 
 
-def run_seed(tmp_path: Path, model: Path | str) -> Run:
+def run_seed(tmp_path: Path, programs: Path, model: Path | str) -> Run:
     if not shutil.which("unshare") or not shutil.which("ip"):
         pytest.skip("no unshare or ip: the seed's port 8000 needs a network namespace of its own")
-    result = run(local_argv("Job", model, tmp_path / "import-pages"), tmp_path, SEED_SECONDS, serve=True)
+    argv = local_argv("Job", model, tmp_path / "import-pages")
+    result = run(argv, tmp_path, programs, SEED_SECONDS, serve=True)
     if "unshare: unshare failed" in result.stderr:
         pytest.skip("no network namespaces here")
     return result
@@ -597,10 +602,10 @@ def run_seed(tmp_path: Path, model: Path | str) -> Run:
 @pytest.mark.timeout(SEED_SECONDS * 3)
 @pytest.mark.parametrize("hostile", MODELS, ids=lambda model: model.__name__)
 def test_the_seed_completes_on_a_hostile_model_and_says_why_it_skipped(
-    tmp_path: Path, hostile: Callable[[Path], Model]
+    tmp_path: Path, programs: Path, hostile: Callable[[Path], Model]
 ) -> None:
     model = hostile(tmp_path)
-    result = run_seed(tmp_path, model.directory)
+    result = run_seed(tmp_path, programs, model.directory)
     assert result.returncode == 0, result.stdout
     assert result.server_started < SEED_SERVER_START_SECONDS
     lines = result.stdout.splitlines()
@@ -622,9 +627,9 @@ def test_the_seed_completes_on_a_hostile_model_and_says_why_it_skipped(
         assert len(line) < 1000
 
 
-def test_the_seed_of_a_good_model_prints_its_facts(tmp_path: Path) -> None:
+def test_the_seed_of_a_good_model_prints_its_facts(tmp_path: Path, programs: Path) -> None:
     model = good_model(tmp_path)
-    result = run_seed(tmp_path, model.directory)
+    result = run_seed(tmp_path, programs, model.directory)
     assert result.returncode == 0, result.stdout
     assert_one_line_per_skip(result.stdout, "stoker-seed: ", [])
     (line,) = [line for line in result.stdout.splitlines() if line.startswith(FACTS_LOG_PREFIX)]

@@ -1,7 +1,6 @@
 """Model facts read from real checkpoint directories written here (safetensors files by hand: an 8-byte
 little-endian header length, a JSON header, the tensor bytes), and the seed's facts line."""
 
-import inspect
 import json
 import struct
 import subprocess
@@ -97,13 +96,13 @@ def test_a_missing_or_garbled_config_names_the_problem(tmp_path: Path) -> None:
         read_model_facts(str(tmp_path))
 
 
-def test_the_embedded_source_runs_alone_in_a_bare_interpreter(tmp_path: Path) -> None:
-    """What the seed Job runs: the function's own source, without stoker, pydantic or site-packages."""
+def test_the_shipped_copy_runs_alone_in_a_bare_interpreter(tmp_path: Path, programs: Path) -> None:
+    """What the seed Job runs: the programs volume's copy, without pydantic or site-packages."""
     write_model(tmp_path, LLAMA_CONFIG)
     script = (
-        "import json, sys\n"
-        + inspect.getsource(read_model_facts)
-        + f"print({FACTS_LOG_PREFIX!r} + json.dumps(read_model_facts(sys.argv[1])))\n"
+        f"import json, sys; sys.path.insert(0, {str(programs)!r})\n"
+        "from stoker.inpod.facts import FACTS_LOG_PREFIX, read_model_facts\n"
+        "print(FACTS_LOG_PREFIX + json.dumps(read_model_facts(sys.argv[1])))\n"
     )
     printed = subprocess.run(
         [sys.executable, "-I", "-S", "-c", script, str(tmp_path)], capture_output=True, text=True, check=True

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from stoker.controller import metrics
+from stoker.inpod.host import measure_host
 from stoker.predict import EngineSettings, ModelFacts, Observation, PhaseFit, fit, parse_facts_line, predict
 from stoker.predict.fleet import expected_status
-from stoker.predict.host import measure_host
 from stoker.predict.model import CoefficientSet, HardwareClass, HostFacts
 from stoker.predict.predictor import host_factor
 

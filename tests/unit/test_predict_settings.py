@@ -1,5 +1,6 @@
 """Engine settings read from what stoker renders (the examples, seed and serving) and from stock argv."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,13 @@ from stoker.predict import EngineSettings, engine_settings, regime_of
 from stoker.predict.service import hardware_class, service_settings
 from stoker.render import build_deployment
 from stoker.render.engine import load_format
-from stoker.render.prefetch import READ_AHEAD_PROGRAM, read_ahead_command
+from stoker.render.prefetch import read_ahead_command
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 from tests.unit.test_render_fast_start import service as on_a_volume
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+RESULTS = Path(__file__).parents[2] / "bench" / "results"
 
 
 def example(name: str) -> VLLMService:
@@ -69,7 +71,7 @@ def test_serving_pods_under_the_read_ahead_read_as_their_deployment_runs_them() 
     from_pod = engine_settings(
         [*container["command"], *container["args"]], env, "hit", DEFAULT_ENGINE_VERSION
     )
-    assert container["command"][:2] == ["python3", "-c"]
+    assert container["command"][:3] == ["python3", "-m", "stoker.inpod.read_ahead"]
     assert rendered(svc) == from_pod
     assert (from_pod.loader, from_pod.read_ahead, from_pod.forked_engine) == ("instanttensor", True, True)
     # The seed Job runs vLLM without the read-ahead.
@@ -80,12 +82,15 @@ def test_a_recorded_runs_read_ahead_of_an_earlier_revision_still_reads_as_one() 
     serve = ["vllm", "serve", "/models/m", "--load-format", "instanttensor"]
     today = engine_settings([*read_ahead_command(["/models/m"]), *serve], {}, "hit", "0.26.0")
     eager = engine_settings([*read_ahead_command(["/models/m"], gentle=0), *serve], {}, "hit", "0.26.0")
-    # The revision before the gentle phase took no options: all its readers read from the start.
-    earlier = READ_AHEAD_PROGRAM.replace("readers: int = 8", "readers: int = 1")
-    assert earlier != READ_AHEAD_PROGRAM
-    recorded = engine_settings(["python3", "-c", earlier, "/models/m", "--", *serve], {}, "hit", "0.26.0")
-    assert today.read_ahead and eager.read_ahead and recorded.read_ahead
-    assert today.gentle_read_ahead and not eager.gentle_read_ahead and not recorded.gentle_read_ahead
+    # Runs recorded before the read-ahead was a module ran `python3 -c PROGRAM`, the program holding the
+    # reader's source; the revision before the gentle phase took no options (all readers from the start).
+    ran = json.loads((RESULTS / "coldstart-h100.json").read_text())["profiles"]["stoker"]
+    recorded = engine_settings(ran["argv"], ran["env"], "hit", "0.26.0")
+    program = ran["argv"][2]
+    earlier = engine_settings(["python3", "-c", program, "/models/m", "--", *serve], {}, "hit", "0.26.0")
+    assert today.read_ahead and eager.read_ahead and recorded.read_ahead and earlier.read_ahead
+    assert today.gentle_read_ahead and not eager.gentle_read_ahead and not earlier.gentle_read_ahead
+    assert (recorded.gentle_read_ahead, recorded.import_pages, recorded.deferred_gc) == (True, True, True)
     other = engine_settings(["python3", "-c", "import os", "--", *serve], {}, "hit", "0.26.0")
     assert not other.read_ahead
 

@@ -10,6 +10,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
+from stoker.inpod.facts import MAX_FACTS_LINE_LENGTH
 from stoker.predict import (
     FACTS_LOG_PREFIX,
     EngineSettings,
@@ -20,7 +21,7 @@ from stoker.predict import (
     predict,
     shipped_coefficients,
 )
-from stoker.predict.facts import MAX_FACTS_LINE_LENGTH, with_logged_weights
+from stoker.predict.facts import with_logged_weights
 from stoker.predict.fleet import (
     ENTRY_BYTES,
     FLEET_INFLUENCE,

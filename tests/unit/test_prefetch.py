@@ -1,8 +1,8 @@
-"""The read-ahead wrapper: it reads the checkpoint and then gets out of the way of the server it execs."""
+"""The read-ahead wrapper: it reads the checkpoint and then gets out of the way of the server it execs. The
+programs run as a pod runs them: `python3 -m stoker.inpod.NAME`, from the programs directory alone."""
 
 from __future__ import annotations
 
-import inspect
 import mmap
 import os
 import subprocess
@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from stoker.render.prefetch import (
-    GENTLE_BYTES,
-    files_under,
-    listed_ranges,
-    read_ahead,
-    read_ahead_command,
-    resident_pages,
-    script_of_this_python,
-    server_has_child,
-)
-from stoker.render.seed import SEED_WRAPPER
+from stoker.inpod.pagecache import files_under, resident_pages
+from stoker.inpod.read_ahead import listed_ranges, read_ahead, script_of_this_python
+from stoker.render.prefetch import GENTLE_BYTES, read_ahead_command
+from stoker.render.seed import seed_invocation
+from tests.unit.test_render import service
+
+
+def with_programs(programs: Path, env: dict[str, str] | None = None, *before: Path) -> dict[str, str]:
+    """`env` (this process's by default) with the programs directory on PYTHONPATH, after `before`."""
+    return {**(os.environ if env is None else env), "PYTHONPATH": ":".join(map(str, [*before, programs]))}
 
 
 def checkpoint(root: Path) -> Path:
@@ -82,13 +81,13 @@ def test_all_readers_join_in_once_the_engine_has_started(tmp_path: Path) -> None
     assert len(polls) == 2
 
 
-def test_the_engine_is_the_servers_child_that_is_not_the_reader() -> None:
-    # A server of its own, with the function embedded as the pod's program embeds it: the test runner has
-    # other children (the e2e cluster's processes, when the suites run in one session).
-    server = (
-        "import os, subprocess, sys\n"
-        + inspect.getsource(server_has_child)
-        + """
+def test_the_engine_is_the_servers_child_that_is_not_the_reader(programs: Path) -> None:
+    # A server of its own: the test runner has other children (the e2e cluster's processes, when the suites
+    # run in one session).
+    server = """
+import os, subprocess, sys
+from stoker.inpod.pagecache import server_has_child
+
 sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
 reader = subprocess.Popen(sleeper)
 alone = server_has_child(os.getpid(), reader.pid)
@@ -97,19 +96,26 @@ print(alone, server_has_child(os.getpid(), reader.pid))
 for child in (reader, engine):
     child.kill()
 """
-    )
     result = subprocess.run(
-        [sys.executable, "-c", server], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", server],
+        env=with_programs(programs),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert result.stdout.split() == ["False", "True"]
 
 
-def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: Path) -> None:
+def test_the_server_keeps_the_process_its_arguments_and_its_exit_code(tmp_path: Path, programs: Path) -> None:
     model = checkpoint(tmp_path)
     program = "import os, sys; print(os.getpid(), sys.argv[1:]); sys.exit(7)"
     server = [sys.executable, "-c", program, "--a", "b"]
     process = subprocess.Popen(
-        [sys.executable, *read_ahead_command([str(model)])[1:], *server], stdout=subprocess.PIPE, text=True
+        [sys.executable, *read_ahead_command([str(model)])[1:], *server],
+        env=with_programs(programs),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 7
@@ -152,7 +158,7 @@ def console_script(directory: Path, name: str, python: str = sys.executable) -> 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])
 def test_a_python_server_imports_without_its_collector_until_it_starts_its_engine(
-    tmp_path: Path, start: str
+    tmp_path: Path, programs: Path, start: str
 ) -> None:
     script = console_script(tmp_path / "bin", "serve")
     command = read_ahead_command([str(tmp_path / "absent")], defer_gc=True)
@@ -160,7 +166,7 @@ def test_a_python_server_imports_without_its_collector_until_it_starts_its_engin
         [sys.executable, *command[1:], "serve", start, "--a", "b"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"},
+        env=with_programs(programs, {**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"}),
     )
     output, _ = process.communicate(timeout=60)
     lines = dict(line.split(" ", 1) for line in output.splitlines())
@@ -173,7 +179,9 @@ def test_a_python_server_imports_without_its_collector_until_it_starts_its_engin
         assert lines["engine"] == "on=True frozen=True"
 
 
-def test_a_server_of_another_interpreter_is_execd_with_its_collector_as_it_is(tmp_path: Path) -> None:
+def test_a_server_of_another_interpreter_is_execd_with_its_collector_as_it_is(
+    tmp_path: Path, programs: Path
+) -> None:
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
     (elsewhere / "python3").symlink_to(sys.executable)
@@ -184,7 +192,7 @@ def test_a_server_of_another_interpreter_is_execd_with_its_collector_as_it_is(tm
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"},
+        env=with_programs(programs, {**os.environ, "PATH": f"{script.parent}:{os.environ['PATH']}"}),
     )
     assert process.returncode == 3
     assert "on=True frozen=False" in process.stdout.splitlines()[0]
@@ -207,7 +215,7 @@ def test_a_script_of_this_python_is_named_by_its_path_or_through_env(tmp_path: P
 
 def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begins() -> None:
     command = read_ahead_command(["/models/m"])
-    assert command[:2] == ["python3", "-c"]
+    assert command[:3] == ["python3", "-m", "stoker.inpod.read_ahead"]
     assert command[3:] == ["--gentle", str(GENTLE_BYTES), "/models/m", "--"]
     assert read_ahead_command(["/models/m"], gentle=0)[3:] == ["--gentle", "0", "/models/m", "--"]
 
@@ -254,7 +262,7 @@ def test_a_listing_is_read_in_ranges_clamped_to_its_files_and_an_absent_one_is_n
     assert skips == [(str(tmp_path / "absent"), "no import pages listing (No such file or directory)")]
 
 
-def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None:
+def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path, programs: Path) -> None:
     model = checkpoint(tmp_path)
     library = tmp_path / "module.so"
     library.write_bytes(os.urandom(3 * mmap.PAGESIZE))
@@ -264,7 +272,12 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None
     command = read_ahead_command([str(model)], pages=str(listing))
     assert command[3:] == ["--gentle", str(GENTLE_BYTES), "--pages", str(listing), str(model), "--"]
     result = subprocess.run(
-        [sys.executable, *command[1:], *server], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, *command[1:], *server],
+        env=with_programs(programs),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     lines = result.stderr.splitlines()
     assert lines[0] == f"stoker read-ahead: skipped {tmp_path / 'gone.so'}: No such file or directory"
@@ -274,7 +287,7 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("planted", [False, True], ids=["", "over-a-planted-fifo"])
 def test_the_seed_records_the_pages_its_server_read_before_starting_the_engine(
-    tmp_path: Path, planted: bool
+    tmp_path: Path, programs: Path, planted: bool
 ) -> None:
     site = tmp_path / "site"
     site.mkdir()
@@ -302,9 +315,10 @@ for _ in range(300):
 engine.kill()
 sys.exit(3)
 """
+    seed = seed_invocation(service()).command  # python3 -m stoker.inpod.seed
     result = subprocess.run(
-        [sys.executable, "-c", SEED_WRAPPER, "--pages", str(listing), "--", sys.executable, "-c", server],
-        env={**os.environ, "PYTHONPATH": str(site)},
+        [sys.executable, *seed[1:], "--pages", str(listing), "--", sys.executable, "-c", server],
+        env=with_programs(programs, None, site),
         capture_output=True,
         text=True,
         timeout=120,

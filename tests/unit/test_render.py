@@ -20,7 +20,6 @@ from stoker.render import (
     short_cache_key,
 )
 from stoker.render.prefetch import import_pages_listing
-from stoker.render.seed import SEED_WRAPPER
 
 BASE: dict[str, Any] = {
     "apiVersion": "stoker.dev/v1alpha1",
@@ -208,7 +207,7 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
         assert seed_pod["spec"].get(field) == serve_pod["spec"].get(field), field
     # The seed runs the very same command line, wrapped so that the Job ends once /health answers.
     # It records the pages its server read before the engine process, for the serving pods' read-ahead.
-    assert seed["command"] == ["python3", "-c", SEED_WRAPPER]
+    assert seed["command"] == ["python3", "-m", "stoker.inpod.seed"]
     assert seed["args"][:3] == ["--pages", import_pages_listing(svc), "--"]
     assert key_relevant_args(seed["args"][3:], svc.spec.runtime.engine_profile) == serve[
         "command"
@@ -225,10 +224,6 @@ def test_home_derived_key_paths_are_fixed_on_the_cache_volume_for_every_version(
         env = engine_invocation(svc, role).env
         assert env["VLLM_CONFIG_ROOT"] == f"{CACHE_MOUNT_PATH}/config"
         assert env["VLLM_XLA_CACHE_PATH"] == f"{CACHE_MOUNT_PATH}/xla"
-
-
-def test_seed_wrapper_compiles() -> None:
-    compile(SEED_WRAPPER, "<seed-wrapper>", "exec")
 
 
 # -------------------------------------------------------------------------------------------- cache key
@@ -396,11 +391,21 @@ def test_model_cache_downloads_once_and_serves_offline() -> None:
     pod = children["Deployment"]["spec"]["template"]
     env = {e["name"]: e.get("value") for e in engine_container(pod)["env"]}
     assert env["HF_HOME"] == "/var/cache/huggingface" and env["HF_HUB_OFFLINE"] == "1"
-    (download,) = pod["spec"]["initContainers"]
-    assert download["command"][-2:] == ["meta-llama/Llama-3.1-8B-Instruct", "main"]
+    programs, download = pod["spec"]["initContainers"]
+    assert programs["name"] == "stoker-programs"  # first: the download runs a program of the volume
+    assert download["command"] == [
+        *("python3", "-m", "stoker.inpod.download"),
+        *("meta-llama/Llama-3.1-8B-Instruct", "main"),
+    ]
     download_env = {e["name"] for e in download["env"]}
-    assert download_env == {"HF_HOME", "HF_TOKEN"}  # online, unlike the engine
-    assert download["volumeMounts"] == [{"name": "model-cache", "mountPath": "/var/cache/huggingface"}]
+    assert download_env == {"HF_HOME", "HF_TOKEN", "PYTHONPATH"}  # online, unlike the engine
+    assert download["volumeMounts"] == [
+        {"name": "model-cache", "mountPath": "/var/cache/huggingface"},
+        {"name": "stoker-programs", "mountPath": "/opt/stoker/programs", "readOnly": True},
+    ]
+    unpinned = by_kind(render_children(service(**{"coldStart.modelCache": {"enabled": True}})))
+    (_, download) = unpinned["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    assert download["command"][-2:] == ["stoker.inpod.download", "meta-llama/Llama-3.1-8B-Instruct"]
     claims = [c for c in render_children(svc) if c["kind"] == "PersistentVolumeClaim"]
     assert claims[1]["spec"]["resources"]["requests"]["storage"] == "80Gi"
 

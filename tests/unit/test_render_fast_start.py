@@ -11,7 +11,7 @@ from stoker.api import VLLMService
 from stoker.render import build_deployment, cache_key, engine_invocation, render_children
 from stoker.render.cachekey import short_cache_key
 from stoker.render.engine import load_format, reads_ahead
-from stoker.render.prefetch import GENTLE_BYTES, READ_AHEAD_PROGRAM, WIDE_REQUEST_BYTES, serving_invocation
+from stoker.render.prefetch import GENTLE_BYTES, WIDE_REQUEST_BYTES, serving_invocation
 from tests.unit.test_render import service_from
 
 ON_A_VOLUME: dict[str, Any] = {
@@ -44,8 +44,8 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
     # vLLM runs in the wrapper's process, its garbage collector off until its imports are done.
     assert serving.command == [
         "python3",
-        "-c",
-        READ_AHEAD_PROGRAM,
+        "-m",
+        "stoker.inpod.read_ahead",
         *gentle,
         *pages,
         "--gc",
@@ -144,7 +144,7 @@ def test_the_deployment_runs_the_serving_invocation_and_the_seed_loads_dummy_wei
     (seed_job,) = [c for c in render_children(svc) if c["kind"] == "Job"]
     seed_args = seed_job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert flag(seed_args, "--load-format") == "dummy"
-    assert READ_AHEAD_PROGRAM not in seed_args
+    assert "stoker.inpod.read_ahead" not in seed_args
     assert "INSTANTTENSOR_BACKEND" not in engine_invocation(svc, "seed").env
 
 

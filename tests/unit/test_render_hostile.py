@@ -54,7 +54,9 @@ def test_dollar_strings_reach_the_process_literally(changes: dict[str, Any]) -> 
     secrets = {"HF_TOKEN": "hf_secret", "STOKER_CONTROL_TOKEN": "control", "USER_VALUE": "x"}
     expected = engine_invocation(svc, "serve")
     for template in pod_templates(**changes):
-        for container in [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]:
+        programs, *init_containers = template["spec"]["initContainers"]
+        assert programs["command"] == ["stoker", "programs", "/opt/stoker/programs"]  # nothing of the spec
+        for container in [*init_containers, *template["spec"]["containers"]]:
             strings = [*container["command"], *container.get("args", [])]
             strings += [var["value"] for var in container["env"] if "value" in var]
             expanded = [kubelet_expansion(text, secrets) for text in strings]

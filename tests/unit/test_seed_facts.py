@@ -1,4 +1,4 @@
-"""The seed wrapper's model-facts line: the embedded read_model_facts, run as the seed pod runs it."""
+"""The seed program's model-facts line (stoker.inpod.seed), as the operator parses it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import json
 import time
 from pathlib import Path
 
-from stoker.predict.facts import parse_facts_line, read_model_facts
+import pytest
+
+from stoker.inpod import seed
+from stoker.inpod.facts import read_model_facts
+from stoker.inpod.pagecache import SkipLines
+from stoker.predict.facts import parse_facts_line
 from stoker.predict.model import ModelFacts
-from stoker.render.seed import SEED_MODEL_FACTS, SEED_WRAPPER
 
 CONFIG = {
     "num_hidden_layers": 2,
@@ -23,13 +27,11 @@ CONFIG = {
 }
 
 
-def printed(argv: list[str]) -> str:
-    """What the seed prints about the model for `argv`, run from the wrapper's own source."""
-    namespace: dict[str, object] = {}
-    exec(SEED_MODEL_FACTS, namespace)  # what the seed pod runs, without the server around it
+def printed(argv: list[str], seconds: float = seed.FACTS_SECONDS) -> str:
+    """What the seed prints about the model for `argv` (what the seed pod runs, without the server)."""
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-        namespace["print_model_facts"](argv)  # type: ignore[operator]
+        seed.print_model_facts(argv, SkipLines(seed.LINE_PREFIX), seconds)
     return output.getvalue()
 
 
@@ -38,11 +40,6 @@ def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
     (tmp_path / "tokenizer.json").write_text("{}")
     return tmp_path
-
-
-def test_the_wrapper_runs_the_same_read_model_facts() -> None:
-    compile(SEED_WRAPPER, "<seed-wrapper>", "exec")
-    assert SEED_WRAPPER.startswith(SEED_MODEL_FACTS)
 
 
 def test_a_local_model_gives_one_facts_line_the_operator_parses(tmp_path: Path) -> None:
@@ -75,14 +72,12 @@ def test_a_snapshot_with_the_index_but_no_shards_prints_the_indexed_size(tmp_pat
     assert facts.checkpoint_bytes_source == "indexMetadata"
 
 
-def test_facts_that_take_too_long_to_read_leave_the_seed_to_finish_without_them(tmp_path: Path) -> None:
+def test_facts_that_take_too_long_to_read_leave_the_seed_to_finish_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A read that blocks (a hung volume): the seed goes on after its bound, with one line that says why.
-    namespace: dict[str, object] = {}
-    exec(SEED_MODEL_FACTS, namespace)
-    namespace["read_model_facts"] = lambda *_: time.sleep(60)
-    output = io.StringIO()
+    monkeypatch.setattr(seed, "read_model_facts", lambda *_: time.sleep(60))
     began = time.monotonic()
-    with contextlib.redirect_stdout(output):
-        namespace["print_model_facts"](["vllm", "serve", str(tmp_path)], 0.5)  # type: ignore[operator]
+    output = printed(["vllm", "serve", str(tmp_path)], 0.5)
     assert time.monotonic() - began < 5
-    assert output.getvalue() == "stoker-seed: no model facts (still reading after 0.5 s)\n"
+    assert output == "stoker-seed: no model facts (still reading after 0.5 s)\n"

@@ -1,10 +1,12 @@
-"""Operator settings: the endpoints without authentication listen on loopback unless told otherwise."""
+"""Operator settings: the endpoints without authentication listen on loopback unless told otherwise; the pods'
+programs come from the operator's own image."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+import stoker
 from stoker.controller.settings import OperatorSettings
 
 
@@ -56,4 +58,15 @@ def test_election_timings_must_nest(
 def test_the_control_key_secret_name_must_be_a_kubernetes_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_CONTROL_KEY_SECRET", "Not A Name")
     with pytest.raises(ValidationError):
+        OperatorSettings()
+
+
+def test_the_pods_copy_their_programs_from_the_operators_image_of_this_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert OperatorSettings().programs_image == f"ghcr.io/stoker-dev/stoker:{stoker.__version__}"
+    monkeypatch.setenv("STOKER_PROGRAMS_IMAGE", "registry.example/stoker:0.1.0")
+    assert OperatorSettings().programs_image == "registry.example/stoker:0.1.0"
+    monkeypatch.setenv("STOKER_PROGRAMS_IMAGE", "two words")
+    with pytest.raises(ValidationError, match="programs_image"):
         OperatorSettings()

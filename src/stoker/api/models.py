@@ -393,6 +393,8 @@ _NO_OWNED_FLAGS = (
 _FIRST_ARG_IS_FLAG = "extraArgs must start with a flag (a bare value would extend stoker's own last flag)"
 _NO_OWNED_ENV = "env must not set variables stoker owns: " + ", ".join(OWNED_ENV)
 _UNIQUE_ENV = "env names must be unique"
+# render.pods puts the programs volume in front of the user's PYTHONPATH, which it must be able to read.
+_LITERAL_PYTHONPATH = "env PYTHONPATH must be a value, not valueFrom: stoker puts its programs in front of it"
 
 
 def _quoted_list(items: tuple[str, ...]) -> str:
@@ -428,6 +430,11 @@ class RuntimeSpec(_Model):
             _cel(
                 "!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
                 _UNIQUE_ENV,
+                ".env",
+            ),
+            _cel(
+                "!has(self.env) || self.env.all(e, e.name != 'PYTHONPATH' || !has(e.valueFrom))",
+                _LITERAL_PYTHONPATH,
                 ".env",
             ),
         )
@@ -503,6 +510,8 @@ class RuntimeSpec(_Model):
             raise FieldError("env", _NO_OWNED_ENV)
         if len(set(names)) != len(names):
             raise FieldError("env", _UNIQUE_ENV)
+        if any(env.name == "PYTHONPATH" and env.value_from is not None for env in self.env):
+            raise FieldError("env", _LITERAL_PYTHONPATH)
         return self
 
 
@@ -1112,7 +1121,7 @@ class StartupSummary(_StatusModel):
 
 
 class HostFactsStatus(_StatusModel):
-    """What the phases scale with on the node the seed ran on, measured by the seed (stoker.predict.host)."""
+    """What the phases scale with on the node the seed ran on, measured by the seed (stoker.inpod.host)."""
 
     cpu_seconds: float | None = Field(
         default=None,

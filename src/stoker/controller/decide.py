@@ -98,6 +98,7 @@ class Snapshot:
     control_token: str | None  # standby only
     signing_key: str | None  # the operator's key, which signs what it seeded
     field_manager: str
+    programs_image: str  # the image the pods copy stoker's programs from
     now: str  # RFC 3339
 
 
@@ -228,7 +229,9 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         ),
     )
     rendered = (
-        render_children(svc, serving_replicas=0, control_token=snap.control_token)
+        render_children(
+            svc, serving_replicas=0, control_token=snap.control_token, programs_image=snap.programs_image
+        )
         if gate_closed
         else snap.rendered
     )

@@ -30,10 +30,11 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 class Observer:
-    def __init__(self, kube: Kube, cache: ObjectCache, field_manager: str) -> None:
+    def __init__(self, kube: Kube, cache: ObjectCache, field_manager: str, programs_image: str) -> None:
         self.kube = kube
         self.cache = cache
         self.field_manager = field_manager
+        self.programs_image = programs_image
 
     def service(self, namespace: str, name: str) -> Manifest | None:
         return self.cache.get(KIND, namespace, name)
@@ -43,7 +44,7 @@ class Observer:
     ) -> Snapshot:
         namespace, name = str(svc.namespace), svc.name
         children: dict[tuple[str, str], Manifest | None] = {}
-        rendered = render_children(svc, control_token=control_token)
+        rendered = render_children(svc, control_token=control_token, programs_image=self.programs_image)
         for child in rendered:
             kind, child_name = child["kind"], child["metadata"]["name"]
             if kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
@@ -99,6 +100,7 @@ class Observer:
             control_token=control_token,
             signing_key=signing_key,
             field_manager=self.field_manager,
+            programs_image=self.programs_image,
             now=now_rfc3339(),
         )
 

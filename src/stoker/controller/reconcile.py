@@ -55,7 +55,7 @@ class Reconciler:
         self.settings = settings
         self.startups = startups
         self.standby = StandbyPool(kube, settings)
-        self.observer = Observer(kube, cache, settings.field_manager)
+        self.observer = Observer(kube, cache, settings.field_manager, settings.programs_image)
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).
         self.others_waiting: Callable[[], bool] = lambda: False

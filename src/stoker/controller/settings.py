@@ -7,6 +7,8 @@ from ipaddress import IPv4Address, IPv6Address
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
+
 
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STOKER_", extra="ignore")
@@ -32,6 +34,14 @@ class OperatorSettings(BaseSettings):
         IPv4Address("127.0.0.1"), description="Liveness listens here."
     )
     field_manager: str = Field("stoker", min_length=1)
+    programs_image: str = Field(
+        DEFAULT_PROGRAMS_IMAGE,
+        min_length=1,
+        pattern=r"^\S+$",
+        description="Image the seed and serving pods copy stoker's in-pod programs from (an init"
+        " container runs `stoker programs DIR` in it): the operator's own, so that operator and programs"
+        " are one version. The chart sets it to the operator's image.",
+    )
     max_log_bytes: int = Field(8 * 1024 * 1024, ge=4096, description="Bound on one pod log read.")
     startup_history: int = Field(20, ge=1, le=100, description="Startup samples kept in status.")
     workers: int = Field(16, ge=1, le=256, description="Threads running reconciles at once.")

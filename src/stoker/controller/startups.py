@@ -46,6 +46,7 @@ from stoker.controller.observe import JOB_NAME_LABEL
 from stoker.controller.ownership import created_by_deployment, owned_by
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
+from stoker.inpod.facts import FACTS_LOG_PREFIX
 from stoker.phases import (
     READY_GAP_PHASE,
     CompileCache,
@@ -54,7 +55,7 @@ from stoker.phases import (
     ready_gap_seconds,
     summarize,
 )
-from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, with_logged_weights
+from stoker.predict.facts import parse_facts_line, with_logged_weights
 from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
 from stoker.predict.predictor import predict

@@ -25,6 +25,7 @@ from stoker.engines.markers import (
     WEIGHT_MEMORY_EITHER_RUNNER,
     Marker,
 )
+from stoker.inpod.seed import PORT_FLAG, REVISION_FLAG, SERVED_MODEL_NAME_FLAG
 
 Release = tuple[int, int]  # (major, minor)
 _GIB = 1 << 30
@@ -34,10 +35,11 @@ _GIB = 1 << 30
 class EngineFlags:
     """`vllm serve` flags stoker renders, as the release spells them (unchanged from 0.22 to 0.33)."""
 
-    port: str = "--port"
-    served_model_name: str = "--served-model-name"
+    # The seed Job's program reads these three from its server's argv: one spelling for both.
+    port: str = PORT_FLAG
+    served_model_name: str = SERVED_MODEL_NAME_FLAG
     tensor_parallel_size: str = "--tensor-parallel-size"
-    revision: str = "--revision"
+    revision: str = REVISION_FLAG
     max_model_len: str = "--max-model-len"
     gpu_memory_utilization: str = "--gpu-memory-utilization"
     load_format: str = "--load-format"

@@ -1,11 +1,12 @@
 """Startup prediction (issue 13): a model's facts and a start's settings to per-phase seconds.
 
-Pure code, no cluster access: `facts` reads a model directory (standard library only, embedded in the
-seed Job), `settings` reads a `vllm serve` invocation, `predictor` predicts and fits, `shipped` loads the
-coefficient sets fitted from the project's own runs.
+Pure code, no cluster access: `facts` parses the seed Job's facts line (stoker.inpod.facts reads a model
+directory, in the seed pod and for `stoker predict`), `settings` reads a `vllm serve` invocation,
+`predictor` predicts and fits, `shipped` loads the coefficient sets fitted from the project's own runs.
 """
 
-from stoker.predict.facts import FACTS_LOG_PREFIX, parse_facts_line, read_model_facts
+from stoker.inpod.facts import FACTS_LOG_PREFIX, read_model_facts
+from stoker.predict.facts import parse_facts_line
 from stoker.predict.model import (
     CoefficientSet,
     EngineSettings,

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from stoker.api import API_VERSION, KIND, VLLMService, user_message
-from stoker.predict.facts import read_model_facts
-from stoker.predict.host import measure_host
+from stoker.inpod.facts import read_model_facts
+from stoker.inpod.host import measure_host
 from stoker.predict.model import EngineSettings, HardwareClass, HostFacts, ModelFacts, Prediction
 from stoker.predict.predictor import predict, regime_of
 from stoker.predict.service import hardware_class, service_settings

@@ -44,7 +44,7 @@ MAX_LABEL_LENGTH = 63 + 1 + 253 + 1 + 10
 # Starts kept per namespace and hardware class (the operator keeps fewer: `coefficients_observations`).
 MAX_NAMESPACE_STARTS = 50
 _SHORT_TEXT = 64
-# The host facts' physical ranges: the seed's workload (stoker.predict.host) takes ~0.1 s on a current core
+# The host facts' physical ranges: the seed's workload (stoker.inpod.host) takes ~0.1 s on a current core
 # and more than a minute on none; a volume reads between 100 kB/s (a starved network share) and 1 TB/s
 # (beyond any disk: a read that fast came from memory); a GPU holds at most a few TiB.
 MAX_CPU_SECONDS = 60.0
@@ -63,7 +63,7 @@ class _Document(BaseModel):
 
 
 class HostFacts(_Document):
-    """What the phases scale with on the host a start ran on (`stoker.predict.host.measure_host`); each
+    """What the phases scale with on the host a start ran on (`stoker.inpod.host.measure_host`); each
     fact is absent where it was not measured."""
 
     # Wall seconds of the seed's fixed single-thread Python workload: the CPU-bound phases scale with it.

@@ -2,7 +2,7 @@
 
 The same reading serves the operator (on the invocation it renders) and the benchmark drivers (on each
 run's argv, stoker's or a stock `vllm serve`). A wrapper may precede `vllm serve` in the argv: the seed's
-facts reader, or the serving pods' read-ahead (`stoker.render.prefetch`, recognised by its program).
+facts reader, or the serving pods' read-ahead (`stoker.inpod.read_ahead`, recognised by its module).
 Flag spellings and vLLM's default capture sizes come from the engine profile of the version; vLLM's own
 normalisations are followed: `_` for `-` in a long flag's name, `--flag=value`, dotted compilation-config
 keys (`-cc.mode=0`), `-O0` / `-O 0`.
@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stoker.engines import EngineProfile, profile_for
+from stoker.inpod import read_ahead as read_ahead_program
 from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
 from stoker.render import prefetch
@@ -23,9 +24,10 @@ _COMPILATION_CONFIG = ("--compilation-config", "-cc")
 _OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
 _TENSOR_PARALLEL_SHORT = "-tp"
 _MAX_NUM_SEQS = "--max-num-seqs"
-# What every revision of READ_AHEAD_PROGRAM holds (it embeds this function's source): a recorded run's argv
-# carries the program of its day.
-_READ_AHEAD_DEFINITION = f"def {prefetch.read_ahead.__name__}("
+_READ_AHEAD_MODULE = read_ahead_program.__name__
+# A run recorded before the read-ahead was a module carries `python3 -c PROGRAM`: every revision of that
+# program held the source of this function.
+_READ_AHEAD_DEFINITION = f"def {read_ahead_program.read_ahead.__name__}("
 _GENTLE_OPTION = prefetch.read_ahead_command([], gentle=1)[3]
 _PAGES_OPTION = prefetch.read_ahead_command([], pages="LISTING")[5]
 _DEFERRED_GC_OPTION = tuple(prefetch.read_ahead_command([], defer_gc=True)[5:7])
@@ -98,13 +100,20 @@ def _serve_arguments(args: Sequence[str]) -> list[str]:
 
 
 def _reads_ahead(args: Sequence[str]) -> bool:
-    """Whether `args` runs vLLM under the read-ahead: `python3 -c READ_AHEAD_PROGRAM ... -- vllm serve`."""
-    return len(args) > 2 and args[1] == "-c" and _READ_AHEAD_DEFINITION in args[2]
+    """Whether `args` runs vLLM under the read-ahead: `python3 -m stoker.inpod.read_ahead ... -- vllm serve`,
+    or a recorded run's `python3 -c PROGRAM ... -- vllm serve`."""
+    if len(args) < 3:
+        return False
+    program = (args[1], args[2])
+    return program == ("-m", _READ_AHEAD_MODULE) or (
+        program[0] == "-c" and _READ_AHEAD_DEFINITION in program[1]
+    )
 
 
 def _read_ahead_options(args: Sequence[str]) -> dict[str, str]:
-    """The read-ahead's options as its program reads them: `--name value` pairs after `-c PROGRAM`, up to the
-    first path (a recorded run of an earlier program may have none); empty without the read-ahead."""
+    """The read-ahead's options as its program reads them: `--name value` pairs after `-m MODULE` (or
+    `-c PROGRAM`), up to the first path (a recorded run of an earlier program may have none); empty without
+    the read-ahead."""
     options: dict[str, str] = {}
     rest = list(args[3:]) if _reads_ahead(args) else []
     while len(rest) > 1 and rest[0].startswith("--") and rest[0] != "--":

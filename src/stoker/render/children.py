@@ -6,6 +6,7 @@ from stoker.api import VLLMService
 from stoker.render.control import build_control_secret
 from stoker.render.deployment import build_deployment
 from stoker.render.names import Json
+from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job
 from stoker.render.service import build_service
@@ -17,11 +18,16 @@ def seed_wanted(svc: VLLMService) -> bool:
 
 
 def render_children(
-    svc: VLLMService, *, serving_replicas: int | None = None, control_token: str | None = None
+    svc: VLLMService,
+    *,
+    serving_replicas: int | None = None,
+    control_token: str | None = None,
+    programs_image: str = DEFAULT_PROGRAMS_IMAGE,
 ) -> list[Json]:
     """Control Secret, PVCs, seed Job, Deployment, Service. `serving_replicas` overrides the Deployment's
     replicas (the controller passes 0 while a gated seed runs); `control_token` is the operator's (see
-    render.control): without it, as in `stoker render`, a standby service's Secret is left out."""
+    render.control): without it, as in `stoker render`, a standby service's Secret is left out. The pods
+    copy their programs from `programs_image` (the operator's own image, by default of this version)."""
     children: list[Json] = []
     if svc.spec.cold_start.standby is not None and control_token is not None:
         children.append(build_control_secret(svc, control_token))
@@ -30,7 +36,7 @@ def render_children(
     if svc.spec.cold_start.model_cache.enabled:
         children.append(build_model_pvc(svc))
     if seed_wanted(svc):
-        children.append(build_seed_job(svc))
-    children.append(build_deployment(svc, replicas=serving_replicas))
+        children.append(build_seed_job(svc, programs_image=programs_image))
+    children.append(build_deployment(svc, replicas=serving_replicas, programs_image=programs_image))
     children.append(build_service(svc))
     return children

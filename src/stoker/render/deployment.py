@@ -15,7 +15,7 @@ from stoker.render.names import (
     object_meta,
     server_selector_labels,
 )
-from stoker.render.pods import pod_metadata, pod_spec
+from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
 from stoker.render.prefetch import serving_invocation
 
 # The Deployment controller flags a rollout as stalled after this long; a cold compile can take most of it.
@@ -28,8 +28,11 @@ def pod_count(svc: VLLMService) -> int:
     return svc.spec.runtime.replicas + (standby.replicas if standby is not None else 0)
 
 
-def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
-    """`replicas` defaults to the active plus the standby replicas the spec asks for."""
+def build_deployment(
+    svc: VLLMService, *, replicas: int | None = None, programs_image: str = DEFAULT_PROGRAMS_IMAGE
+) -> Json:
+    """`replicas` defaults to the active plus the standby replicas the spec asks for; the pods' programs
+    are copied from `programs_image`."""
     key = cache_key(svc)
     labels = common_labels(svc.name, COMPONENT_SERVER, key[:SHORT_KEY_LENGTH])
     annotations = {CACHE_KEY_ANNOTATION: key}
@@ -48,7 +51,7 @@ def build_deployment(svc: VLLMService, *, replicas: int | None = None) -> Json:
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {
                 "metadata": pod_metadata(svc, pod_labels, annotations),
-                "spec": pod_spec(svc, "serve", serving_invocation(svc)),
+                "spec": pod_spec(svc, "serve", serving_invocation(svc), programs_image),
             },
         },
     }

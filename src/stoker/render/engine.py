@@ -26,7 +26,8 @@ STREAMER = "runai_streamer"
 INSTANTTENSOR = "instanttensor"
 
 # With standby replicas: vLLM's sleep endpoints exist only in dev mode, on the serving port, so this
-# middleware (shipped in stoker's runtime image) answers them only to a caller holding the control token.
+# middleware (on the pods' programs volume, render.pods) answers them only to a caller holding the control
+# token.
 CONTROL_GUARD = "stoker.guard.ControlGuard"
 # The standby pool tells a sleep-capable pod by this flag in its args.
 SLEEP_MODE_FLAG = EngineFlags().sleep_mode

@@ -32,7 +32,7 @@ GIB = 1 << 30
 # FastAPI, the tokenizer and detokenizer: 1-2 GiB resident) and an engine-core process (torch, the model
 # definition, the scheduler, and with a compile-cache miss Inductor's compile workers: 2-4 GiB), and the
 # read-ahead's reader beside them while the checkpoint is read (at most 2 GiB of address space,
-# render.prefetch.READER_ADDRESS_SPACE, ~0.8 GiB used).
+# stoker.inpod.read_ahead.READER_ADDRESS_SPACE, ~0.8 GiB used).
 BASE_BYTES = 6 * GIB
 # Per GPU: a worker process each (with more than one GPU; with one, the engine core is the worker) with
 # its own torch and CUDA context on the host side, pinned staging buffers, and with tensor parallelism

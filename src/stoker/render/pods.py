@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from stoker import __version__
 from stoker.api import VLLMService
 from stoker.api.owned import (
     CACHE_MOUNT_PATH,
@@ -12,10 +13,14 @@ from stoker.api.owned import (
     MODEL_CACHE_VOLUME,
     MODEL_SOURCE_MOUNT_PATH,
     MODEL_SOURCE_VOLUME,
+    PROGRAMS_MOUNT_PATH,
+    PROGRAMS_VOLUME,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
 )
 from stoker.guard import CONTROL_TOKEN_ENV
+from stoker.inpod import download
+from stoker.inpod.seed import HEALTH_PATH
 from stoker.render.engine import PORT, EngineInvocation, Role
 from stoker.render.memory import default_memory_request
 from stoker.render.names import (
@@ -29,7 +34,13 @@ from stoker.render.names import (
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
-HEALTH_PATH = "/health"
+PROGRAMS_CONTAINER = "stoker-programs"
+# The image the programs are copied from: the operator's, so that operator and programs are one version
+# (the chart passes the operator's own image, OperatorSettings.programs_image).
+DEFAULT_PROGRAMS_IMAGE = f"ghcr.io/stoker-dev/stoker:{__version__}"
+# The copy takes a tenth of a second and 12 MiB; the files take under 100 KiB.
+PROGRAMS_RESOURCES: Json = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
+PROGRAMS_VOLUME_SIZE = "16Mi"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The user stoker's runtime image runs as (Dockerfile, target runtime); HOME=/home/vllm is theirs.
 ENGINE_UID = 1000
@@ -43,15 +54,6 @@ CONTAINER_SECURITY_CONTEXT: Json = {"allowPrivilegeEscalation": False, "capabili
 STARTUP_PROBE_PERIOD_SECONDS = 1
 LONGEST_START_SECONDS = 30 * 60
 STARTUP_PROBE_FAILURE_THRESHOLD = LONGEST_START_SECONDS // STARTUP_PROBE_PERIOD_SECONDS
-
-# Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there.
-DOWNLOAD_SCRIPT = """\
-import sys
-from huggingface_hub import snapshot_download
-repo, revision = sys.argv[1], sys.argv[2] or None
-path = snapshot_download(repo_id=repo, revision=revision, ignore_patterns=["original/**/*"])
-print(f"stoker-download: {repo} is at {path}", flush=True)
-"""
 
 
 def _hf_token_env(svc: VLLMService) -> list[Json]:
@@ -147,19 +149,42 @@ def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
         # NCCL and vLLM's shared-memory broadcast need more than the runtime's 64 MiB /dev/shm.
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH})
+    volumes.append({"name": PROGRAMS_VOLUME, "emptyDir": {"sizeLimit": PROGRAMS_VOLUME_SIZE}})
+    mounts.append({"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS_MOUNT_PATH, "readOnly": True})
     return volumes, mounts
 
 
+def _programs_container(programs_image: str) -> Json:
+    """Copies the programs (stoker.inpod, stoker.guard) from the operator's image onto the programs volume,
+    so that every image runs the operator's own version of them."""
+    return {
+        "name": PROGRAMS_CONTAINER,
+        "image": programs_image,
+        "command": ["stoker", "programs", PROGRAMS_MOUNT_PATH],
+        "resources": copy.deepcopy(PROGRAMS_RESOURCES),
+        "volumeMounts": [{"name": PROGRAMS_VOLUME, "mountPath": PROGRAMS_MOUNT_PATH}],
+        "securityContext": {**copy.deepcopy(CONTAINER_SECURITY_CONTEXT), "readOnlyRootFilesystem": True},
+    }
+
+
+def _with_programs_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the programs volume first on PYTHONPATH, before the entries of runtime.env's PYTHONPATH.
+    The image's own PYTHONPATH, if it sets one, is replaced: runtime.env can carry it."""
+    user_path = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": f"{PROGRAMS_MOUNT_PATH}:{user_path}" if user_path else PROGRAMS_MOUNT_PATH}
+
+
 def _download_container(svc: VLLMService, invocation: EngineInvocation, mounts: list[Json]) -> Json:
+    """Fills HF_HOME on the model-cache volume; a no-op (a few hub requests) once the snapshot is there."""
+    revision = [svc.spec.model.revision] if svc.spec.model.revision else []
     return {
         "name": DOWNLOAD_CONTAINER,
         "image": invocation.image,
         "command": [
-            _literal(arg)
-            for arg in ("python3", "-c", DOWNLOAD_SCRIPT, svc.spec.model.name, svc.spec.model.revision or "")
+            _literal(arg) for arg in ("python3", "-m", download.__name__, svc.spec.model.name, *revision)
         ],
-        "env": _env({"HF_HOME": MODEL_CACHE_MOUNT_PATH}, _hf_token_env(svc)),
-        "volumeMounts": [dict(m) for m in mounts if m["name"] == MODEL_CACHE_VOLUME],
+        "env": _env(_with_programs_path({"HF_HOME": MODEL_CACHE_MOUNT_PATH}), _hf_token_env(svc)),
+        "volumeMounts": [dict(m) for m in mounts if m["name"] in (MODEL_CACHE_VOLUME, PROGRAMS_VOLUME)],
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
 
@@ -170,7 +195,7 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
         "image": invocation.image,
         "command": [_literal(arg) for arg in invocation.command],
         "args": [_literal(arg) for arg in invocation.args],
-        "env": _env(invocation.env, _secret_env(svc, role)),
+        "env": _env(_with_programs_path(invocation.env), _secret_env(svc, role)),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "resources": _resources(svc, role),
         "volumeMounts": mounts,
@@ -186,10 +211,15 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
     return container
 
 
-def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation) -> Json:
-    """The pod spec around `invocation` (the seed's wrapped one, or the plain one for serving pods)."""
+def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation, programs_image: str) -> Json:
+    """The pod spec around `invocation` (the seed's wrapped one, or the plain one for serving pods), with
+    the programs copied from `programs_image` first."""
     volumes, mounts = _volumes_and_mounts(svc)
+    init_containers = [_programs_container(programs_image)]
+    if svc.spec.cold_start.model_cache.enabled:
+        init_containers.append(_download_container(svc, invocation, mounts))
     spec: Json = {
+        "initContainers": init_containers,
         "containers": [engine_container(svc, role, invocation, mounts)],
         "volumes": volumes,
         # Service links inject `<SERVICE>_PORT`-style variables; a Service named `vllm` would set VLLM_PORT,
@@ -205,8 +235,6 @@ def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation) -> Json
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if svc.spec.cold_start.model_cache.enabled:
-        spec["initContainers"] = [_download_container(svc, invocation, mounts)]
     if svc.spec.runtime.node_selector:
         spec["nodeSelector"] = dict(svc.spec.runtime.node_selector)
     if svc.spec.runtime.tolerations:

@@ -1,9 +1,7 @@
 """The host facts a start's phases scale with, measured where the pods run (issue 26).
 
-`measure_host` uses the standard library only and imports inside its body, as `read_model_facts` does: its
-source is embedded verbatim into the seed Job's wrapper (stoker.render.seed), which runs in the vLLM image
-without stoker, next to the wrapper's copies of `open_regular` and `resident_pages`. It runs in the facts
-thread, after the server is healthy (the server idles then), in about two seconds:
+The seed Job (stoker.inpod.seed) runs `measure_host` in its facts thread, after the server is healthy (the
+server idles then), in about two seconds, and reports the facts under the facts line's HOST_FACTS_KEY:
 
 - `cpuSeconds`: wall seconds of a fixed single-thread Python workload (dicts, calls, strings, the work of
   imports and Dynamo's bytecode tracing), the best of three; a faster core or a less loaded node takes less.
@@ -18,11 +16,19 @@ thread, after the server is healthy (the server idles then), in about two second
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import subprocess
+import time
 from collections.abc import Callable
 
-from stoker.render.prefetch import open_regular, resident_pages
+from stoker.inpod.pagecache import open_regular, resident_pages
 
 HOST_FACTS_KEY = "host"
+DISK_SAMPLE_BYTES = 256 << 20
+# Less than this takes too little time to tell a disk's bandwidth: a smaller checkpoint is not timed.
+DISK_MIN_BYTES = 32 << 20
+DISK_SECONDS = 1.0
 
 
 def measure_host(
@@ -31,15 +37,6 @@ def measure_host(
 ) -> dict:
     """What the phases scale with on this host, camelCase keys (stoker.predict.model.HostFacts); a fact it
     cannot measure is left out, and `skipped(what, why)` says why."""
-    import fnmatch
-    import os
-    import subprocess
-    import time
-
-    disk_sample_bytes = 256 << 20
-    # Less than this takes too little time to tell a disk's bandwidth: a smaller checkpoint is not timed.
-    disk_min_bytes = 32 << 20
-    disk_seconds = 1.0
     chunk = 1 << 20  # one read of it takes 10 s at the slowest bandwidth allowed: the bound holds
     facts: dict = {}
 
@@ -73,7 +70,7 @@ def measure_host(
                     weights.append((os.stat(os.path.join(model_dir, name)).st_size, name))
                 except OSError:
                     continue
-    if weights and max(weights)[0] >= disk_min_bytes:
+    if weights and max(weights)[0] >= DISK_MIN_BYTES:
         path = os.path.join(model_dir or "", max(weights)[1])
         try:
             descriptor = open_regular(path)
@@ -82,7 +79,7 @@ def measure_host(
         else:
             try:
                 size = os.fstat(descriptor).st_size
-                start = max(0, size - disk_sample_bytes) // chunk * chunk  # the tail: read last, if at all
+                start = max(0, size - DISK_SAMPLE_BYTES) // chunk * chunk  # the tail: read last, if at all
                 os.posix_fadvise(descriptor, start, size - start, os.POSIX_FADV_DONTNEED)
                 cached = sum(
                     min(end, size) - max(begin, start)
@@ -94,7 +91,7 @@ def measure_host(
                 else:
                     buffer = bytearray(chunk)
                     done, began = 0, time.perf_counter()
-                    while start + done < size and time.perf_counter() - began < disk_seconds:
+                    while start + done < size and time.perf_counter() - began < DISK_SECONDS:
                         read = os.preadv(descriptor, [buffer], start + done)
                         if read <= 0:
                             break

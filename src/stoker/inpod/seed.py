@@ -1,0 +1,200 @@
+"""Run a vLLM server once to fill its compile cache, record what its imports read, then stop it.
+
+Starts COMMAND (`vllm serve ...`) and waits for it to answer /health on its --port (vLLM writes its
+compile artifacts before it answers), then prints the model's facts on one `stoker-model-facts: {json}`
+line for the operator, sends one completion (which JIT-compiles the first request's Triton kernels into
+the cache volume), stops the server and exits 0; it exits with the server's code if the server ends
+first.
+
+Before the server starts, the image's Python files (everything under sys.path) are dropped from the page
+cache; once the server starts its engine process (its imports are done), the pages of them and of the files
+the server mapped that are in the page cache are written to LISTING, which serving pods read first
+(`python3 -m stoker.inpod.read_ahead --pages LISTING`). Whatever the seed passes by it says on stdout, one
+line each behind `stoker-seed:`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+
+from stoker.inpod import options_and_command, program_parser, working_directory_first
+from stoker.inpod.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, read_model_facts
+from stoker.inpod.host import HOST_FACTS_KEY, measure_host
+from stoker.inpod.pagecache import SkipLines, evict_pages, files_under, resident_pages, server_has_child
+
+# vLLM's spellings of what the seed reads from its server's argv (stoker.engines.EngineFlags renders them),
+# and where `vllm serve` listens without --port.
+PORT_FLAG = "--port"
+VLLM_DEFAULT_PORT = "8000"
+SERVED_MODEL_NAME_FLAG = "--served-model-name"
+REVISION_FLAG = "--revision"
+# What serving pods' probes and the seed ask vLLM.
+HEALTH_PATH = "/health"
+# The facts are read in a thread of their own for at most this long: a file that blocks them (on a hung
+# volume) leaves the seed to finish without facts.
+FACTS_SECONDS = 30
+LINE_PREFIX = "stoker-seed: "
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def local_model_dir(argv: list[str]) -> str | None:
+    """The directory the engine read the model from: the model path as given or, for a hub id, the local
+    Hugging Face cache snapshot; None for a streamer URI."""
+    model = argv[argv.index("serve") + 1]
+    if os.path.isdir(model):
+        return model
+    if "://" in model:
+        return None
+    from huggingface_hub import snapshot_download  # the vLLM image's
+
+    return snapshot_download(model, revision=flag_value(argv, REVISION_FLAG), local_files_only=True)
+
+
+def model_facts_line(argv: list[str], skipped: Callable[[str, str], None]) -> str | None:
+    """The facts line of the model the server serves, with the host's facts; a line that says why there
+    are none; or None where there is no local model to read (a streamer URI)."""
+    try:
+        model_dir = local_model_dir(argv)
+        if not model_dir:
+            return None
+        facts = read_model_facts(model_dir, skipped)
+        facts[HOST_FACTS_KEY] = measure_host(model_dir, skipped)
+        document = json.dumps(facts, sort_keys=True)
+    except Exception as error:
+        return f"{LINE_PREFIX}no model facts ({error!r:.300})"
+    if len(document) > MAX_FACTS_LINE_LENGTH:
+        why = f"their line would hold {len(document)} characters, over {MAX_FACTS_LINE_LENGTH}"
+        return f"{LINE_PREFIX}no model facts ({why})"
+    return FACTS_LOG_PREFIX + document
+
+
+def print_model_facts(
+    argv: list[str], skipped: Callable[[str, str], None], seconds: float = FACTS_SECONDS
+) -> None:
+    found = []
+    reading = threading.Thread(target=lambda: found.append(model_facts_line(argv, skipped)), daemon=True)
+    reading.start()
+    reading.join(seconds)
+    line = found[0] if found else f"{LINE_PREFIX}no model facts (still reading after {seconds} s)"
+    if line:
+        print(line, flush=True)
+
+
+def record_import_pages(
+    server: subprocess.Popen[bytes], listing: str, image_files: list[str], skipped: Callable[[str, str], None]
+) -> None:
+    """Once the server has started its engine process, write the resident pages of the image's files and
+    of the files the server maps to `listing` (`path start end` lines), replacing it whole."""
+    while server.poll() is None and not server_has_child(server.pid, 0):
+        time.sleep(0.2)
+    if server.poll() is not None:
+        return
+    try:
+        with open(f"/proc/{server.pid}/maps") as maps:
+            fields = [line.split() for line in maps]
+        mapped = [found[5] for found in fields if len(found) > 5 and found[5].startswith("/")]
+        files = list(dict.fromkeys(files_under(mapped) + image_files))
+        for path in [path for path in files if "\n" in path]:
+            skipped(path, "a newline in its name, which a listing line cannot hold")
+        pages = resident_pages([path for path in files if "\n" not in path], skipped)
+        os.makedirs(os.path.dirname(listing), exist_ok=True)
+        if os.path.lexists(listing + ".part"):
+            os.unlink(listing + ".part")  # a FIFO there would block the open, a link would lead elsewhere
+        with os.fdopen(os.open(listing + ".part", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
+            out.writelines(b"%s %d %d\n" % (os.fsencode(path), start, end) for path, start, end in pages)
+        os.replace(listing + ".part", listing)
+        size = sum(end - start for _, start, end in pages)
+        print(f"{LINE_PREFIX}recorded {size} bytes of the imports' pages in {listing}", flush=True)
+    except Exception as error:
+        print(f"{LINE_PREFIX}no import pages recorded ({error!r:.300})", flush=True)
+
+
+def warm_up(port: str, model: str) -> None:
+    """One completion: it JIT-compiles the first request's Triton kernels into the cache volume. Its
+    failure (say, an --api-key) leaves the seed successful."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps({"model": model, "prompt": "Hello", "max_tokens": 16, "temperature": 0}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            print(f"{LINE_PREFIX}warm-up completion answered {response.status}", flush=True)
+    except OSError as error:
+        print(f"{LINE_PREFIX}warm-up completion failed ({error}); the cache is seeded anyway", flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    described = program_parser("stoker.inpod.seed", __doc__, "%(prog)s --pages LISTING -- COMMAND...")
+    described.add_argument(
+        "--pages",
+        required=True,
+        metavar="LISTING",
+        help="where to write the pages the server's imports read (a file on the cache volume)",
+    )
+    return described
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, command = options_and_command(sys.argv[1:] if argv is None else argv)
+    described = parser()
+    listing = described.parse_args(options).pages
+    if not command:
+        described.error("no COMMAND after --")
+    port = flag_value(command, PORT_FLAG) or VLLM_DEFAULT_PORT
+    skipped = SkipLines(LINE_PREFIX)
+    atexit.register(skipped.close)
+    # The image's Python files start out of the page cache, so that what is in it when the engine process
+    # starts is what a cold start reads, even on a node that has just pulled the image; the working
+    # directory is not the image's.
+    import_paths = sys.path[1:] if working_directory_first() else sys.path
+    image_files = files_under([path for path in import_paths if os.path.isdir(path)], skipped)
+    evict_pages(image_files)
+    server = subprocess.Popen(command)
+    recording = (server, listing, image_files, skipped)
+    threading.Thread(target=record_import_pages, args=recording, daemon=True).start()
+
+    def stop(*_: object) -> None:
+        server.terminate()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        code = server.poll()
+        if code is not None:
+            print(f"{LINE_PREFIX}server exited with code {code} before it was healthy", flush=True)
+            return code or 1
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=5) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(2)
+    print(f"{LINE_PREFIX}server is healthy, the compile cache is seeded", flush=True)
+    print_model_facts(command, skipped)
+    warm_up(port, command[command.index(SERVED_MODEL_NAME_FLAG) + 1])
+    print(f"{LINE_PREFIX}stopping the server", flush=True)
+    server.terminate()
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
