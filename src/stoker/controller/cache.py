@@ -47,8 +47,8 @@ def _resource_version(obj: Manifest) -> int:
 
 
 class _Held(NamedTuple):
-    """One object as the cache keeps it: what the cache compares and indexes, and the object as JSON text
-    (a tuple of strings and numbers, which the collector stops tracking after its first look)."""
+    """One object as the cache keeps it: what the cache compares and indexes, and the object as JSON text.
+    The collector tracks this tuple alone, not every dict and list of the object."""
 
     version: int
     uid: str | None
