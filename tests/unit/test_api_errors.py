@@ -118,6 +118,24 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
     ),
     (
         with_spec(
+            runtime={"replicas": 3},
+            coldStart={"standby": {"replicas": 2, "sharedGpu": {"resourceClaimName": "g"}}},
+        ),
+        "spec.runtime.replicas",
+        "runtime.replicas must not exceed coldStart.standby.replicas",
+    ),
+    (
+        with_spec(runtime={"gpus": 2}, coldStart={"standby": {"sharedGpu": {"resourceClaimName": "g"}}}),
+        "spec.runtime.gpus",
+        "runtime.gpus must be 1 when coldStart.standby.sharedGpu is set",
+    ),
+    (
+        with_spec(coldStart={"standby": {"sharedGpu": {"resourceClaimName": "G"}}}),
+        "spec.coldStart.standby.sharedGpu.resourceClaimName",
+        "must be a DNS name",
+    ),
+    (
+        with_spec(
             coldStart={"modelCache": {"enabled": True}},
             model={"name": "m", "source": {"pvc": {"claimName": "c"}}},
         ),

@@ -653,19 +653,67 @@ class SeedSpec(_Model):
     )
 
 
+# Kubernetes' names and keys (object names here, and in spec.pod below).
+_DNS_1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Absolute, no empty, "." or ".." segments and no trailing slash, so that prefix checks are exact.
+_MOUNT_PATH = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Label and annotation keys: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_1123_SUBDOMAIN)]
+
+
+class SharedGpuSpec(_Model):
+    """One GPU shared by sleeping engines through Dynamic Resource Allocation (resource.k8s.io/v1): every
+    serving pod references the named ResourceClaim, so all of this service's engines, and those of every
+    other VLLMService in the namespace naming the same claim, run on its one device. The operator starts
+    one engine at a time on it and keeps awake only what its memory fits (the sum of the awake engines'
+    runtime.gpuMemoryUtilization), putting one to sleep before waking another; set
+    runtime.gpuMemoryUtilization so that the engines meant to be awake together fit."""
+
+    resource_claim_name: ObjectName = Field(
+        description="A ResourceClaim in the VLLMService's namespace asking for one device (e.g. of"
+        " DeviceClass gpu.nvidia.com); created by its owner, not by stoker. Admission checks that the"
+        " author may use it (create pods in the namespace, or `use` on resourceclaims of that name)."
+    )
+
+
 class StandbySpec(_Model):
     """Extra replicas kept started and Ready but asleep (vLLM sleep mode), out of the Service, and woken when
     the active replica count rises. Level 1 keeps the weights in the pod's CPU memory: the default memory
-    request of serving pods counts them (`runtime.resources.memory`)."""
+    request of serving pods counts them (`runtime.resources.memory`). With sharedGpu the engines share one
+    GPU instead of having one each: `replicas` is then the number of engines on it in all, and
+    runtime.replicas how many of them are awake."""
 
     replicas: int = Field(
-        default=1, ge=0, le=100, description="Sleeping replicas kept beside the active ones."
+        default=1,
+        ge=0,
+        le=100,
+        description="Sleeping replicas kept beside the active ones. With sharedGpu: the engines kept on the"
+        " shared GPU in all, awake or asleep (runtime.replicas of them awake, at most this many).",
     )
     level: Literal[1] = Field(
         default=1, description="vLLM sleep level; 1 offloads weights to CPU memory and drops the KV cache."
     )
     wake_timeout_seconds: int = Field(
         default=30, ge=1, le=600, description="A pod not served after this long is replaced, not served."
+    )
+    shared_gpu: SharedGpuSpec | None = Field(
+        default=None,
+        description="Share one GPU, a DRA ResourceClaim's device, among sleeping engines instead of one GPU"
+        " each. The Deployment runs `replicas` pods, each referencing the claim (no nvidia.com/gpu), so"
+        " they and the engines of every other VLLMService in the namespace naming the same claim run on"
+        " its one device; runtime.replicas of them are awake (0 allowed: all asleep), at most"
+        " `replicas`. The operator starts one engine at a time on the GPU (pods wait behind the"
+        " scheduling gate stoker.dev/gpu-share) and keeps awake only what its memory fits, the sum of"
+        " the awake engines' runtime.gpuMemoryUtilization, putting one to sleep before waking another:"
+        " set runtime.gpuMemoryUtilization accordingly. Needs runtime.gpus 1; the seed Job still takes"
+        " a GPU of its own (nvidia.com/gpu).",
     )
 
 
@@ -696,19 +744,6 @@ class ColdStartSpec(_Model):
 
 
 # ----------------------------------------------------------------------------------------------- pod
-
-_DNS_1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_DNS_1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Absolute, no empty, "." or ".." segments and no trailing slash, so that prefix checks are exact.
-_MOUNT_PATH = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
-_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-# Label and annotation keys: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
-_QUALIFIED_NAME = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-
-ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_1123_SUBDOMAIN)]
 
 
 class LocalObjectReference(_Model):
@@ -933,6 +968,16 @@ _STANDBY_API_KEY_ENV = (
     f"coldStart.standby does not work with an API key: remove {API_KEY_ENV} from runtime.env"
 )
 
+# A ResourceClaim shares one device: the engines on it are the standby pool, of which runtime.replicas awake.
+_SHARED_GPU_REPLICAS = (
+    "runtime.replicas must not exceed coldStart.standby.replicas when coldStart.standby.sharedGpu is set"
+    " (standby.replicas is the number of engines on the shared GPU, awake or asleep)"
+)
+_SHARED_GPU_ONE_GPU = (
+    "runtime.gpus must be 1 when coldStart.standby.sharedGpu is set (the claim has one device)"
+)
+_HAS_SHARED_GPU = "has(self.coldStart.standby) && has(self.coldStart.standby.sharedGpu)"
+
 
 class VLLMServiceSpec(_Model):
     """The desired state: a model, how replicas run, how they start fast, and how pods fit the cluster."""
@@ -962,6 +1007,12 @@ class VLLMServiceSpec(_Model):
                 _STANDBY_API_KEY_ENV,
                 ".runtime.env",
             ),
+            _cel(
+                f"!({_HAS_SHARED_GPU}) || self.runtime.replicas <= self.coldStart.standby.replicas",
+                _SHARED_GPU_REPLICAS,
+                ".runtime.replicas",
+            ),
+            _cel(f"!({_HAS_SHARED_GPU}) || self.runtime.gpus == 1", _SHARED_GPU_ONE_GPU, ".runtime.gpus"),
         )
     )
 
@@ -989,6 +1040,11 @@ class VLLMServiceSpec(_Model):
                 raise FieldError("runtime.extraArgs", _STANDBY_API_KEY)
             if any(var.name == API_KEY_ENV for var in self.runtime.env):
                 raise FieldError("runtime.env", _STANDBY_API_KEY_ENV)
+            if self.cold_start.standby.shared_gpu is not None:
+                if self.runtime.replicas > self.cold_start.standby.replicas:
+                    raise FieldError("runtime.replicas", _SHARED_GPU_REPLICAS)
+                if self.runtime.gpus != 1:
+                    raise FieldError("runtime.gpus", _SHARED_GPU_ONE_GPU)
         return self
 
 
