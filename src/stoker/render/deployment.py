@@ -23,16 +23,21 @@ PROGRESS_DEADLINE_SECONDS = 3600
 
 
 def pod_count(svc: VLLMService) -> int:
-    """Serving pods the spec asks for: the active replicas plus the standby ones."""
+    """Serving pods the spec asks for: the active replicas plus the standby ones; with a shared GPU, the
+    standby replicas alone (every engine on the GPU, runtime.replicas of them awake)."""
     standby = svc.spec.cold_start.standby
-    return svc.spec.runtime.replicas + (standby.replicas if standby is not None else 0)
+    if standby is None:
+        return svc.spec.runtime.replicas
+    if standby.shared_gpu is not None:
+        return standby.replicas
+    return svc.spec.runtime.replicas + standby.replicas
 
 
 def build_deployment(
     svc: VLLMService, *, replicas: int | None = None, programs_image: str = DEFAULT_PROGRAMS_IMAGE
 ) -> Json:
-    """`replicas` defaults to the active plus the standby replicas the spec asks for; the pods' programs
-    are copied from `programs_image`."""
+    """`replicas` defaults to the serving pods the spec asks for (pod_count); the pods' programs are copied
+    from `programs_image`."""
     key = cache_key(svc)
     labels = common_labels(svc.name, COMPONENT_SERVER, key[:SHORT_KEY_LENGTH])
     annotations = {CACHE_KEY_ANNOTATION: key}

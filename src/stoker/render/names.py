@@ -43,6 +43,12 @@ SEED_CLAIM_UID_ANNOTATION = "stoker.dev/seed-claim-uid"
 ROLE_ACTIVE = "active"
 ROLE_STANDBY = "standby"
 STANDBY_DELETION_COST = "-100"
+# With coldStart.standby.sharedGpu: the scheduling gate every serving pod is created with. The operator lifts
+# it one pod at a time per shared GPU, when the engine's gpuMemoryUtilization share of it is free: an
+# engine starting beside awake ones takes its share at start (the memory profile and KV cache).
+GPU_SHARE_GATE = "stoker.dev/gpu-share"
+# The pod's name for the shared ResourceClaim (spec.resourceClaims[].name, the container's resources.claims).
+GPU_SHARE_CLAIM = "gpu"
 CONTROL_TOKEN_KEY = "token"
 
 COMPONENT_SERVER = "server"

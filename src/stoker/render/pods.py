@@ -25,6 +25,8 @@ from stoker.render.engine import PORT, EngineInvocation, Role
 from stoker.render.memory import default_memory_request
 from stoker.render.names import (
     CONTROL_TOKEN_KEY,
+    GPU_SHARE_CLAIM,
+    GPU_SHARE_GATE,
     Json,
     cache_pvc_name,
     control_secret_name,
@@ -107,18 +109,38 @@ def _http_probe(period: int, failure_threshold: int, timeout: int = 5) -> Json:
     }
 
 
+def shared_gpu_claim(svc: VLLMService, role: Role) -> str | None:
+    """The ResourceClaim whose device the role's pods share (coldStart.standby.sharedGpu), else None.
+
+    Serving pods only. The seed keeps a GPU of its own (nvidia.com/gpu): it runs before any engine of the
+    service (gateRollout) and at the full runtime.gpuMemoryUtilization, which beside awake engines on the
+    shared device would not fit; outside the shared GPU it neither waits for the operator to make room on
+    it nor counts in what the operator wakes there, and it holds its GPU only for the compile."""
+    standby = svc.spec.cold_start.standby
+    if role != "serve" or standby is None or standby.shared_gpu is None:
+        return None
+    return standby.shared_gpu.resource_claim_name
+
+
 def _resources(svc: VLLMService, role: Role) -> Json:
     """The user's CPU request; the user's memory as request and limit, else the default request for the
     role (render.memory: no limit, so that the page cache can grow and be reclaimed), so that no pod is
-    BestEffort."""
+    BestEffort. The GPU: nvidia.com/gpu, or with a shared GPU the pod's claim of it (no extended
+    resource: the device is the claim's, and nvidia.com/gpu would take a second, whole GPU)."""
     wanted = svc.spec.runtime.resources
     requests: Json = {"cpu": wanted.cpu} if wanted.cpu is not None else {}
-    limits: Json = {GPU_RESOURCE: str(svc.spec.runtime.gpus)}
+    shared = shared_gpu_claim(svc, role) is not None
+    limits: Json = {} if shared else {GPU_RESOURCE: str(svc.spec.runtime.gpus)}
     if wanted.memory is not None:
         requests["memory"] = limits["memory"] = wanted.memory
     else:
         requests["memory"] = default_memory_request(svc, role)
-    return {"requests": requests, "limits": limits}
+    resources: Json = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
+    if shared:
+        resources["claims"] = [{"name": GPU_SHARE_CLAIM}]
+    return resources
 
 
 def _volumes_and_mounts(svc: VLLMService) -> tuple[list[Json], list[Json]]:
@@ -243,6 +265,11 @@ def pod_spec(svc: VLLMService, role: Role, invocation: EngineInvocation, program
         ]
     if role == "seed":
         spec["restartPolicy"] = "Never"
+    claim = shared_gpu_claim(svc, role)
+    if claim is not None:
+        spec["resourceClaims"] = [{"name": GPU_SHARE_CLAIM, "resourceClaimName": claim}]
+        # Created gated: the operator lifts the gate when the shared GPU has room for one more engine.
+        spec["schedulingGates"] = [{"name": GPU_SHARE_GATE}]
     _apply_pod_settings(svc, role, spec)
     return spec
 
