@@ -1,10 +1,10 @@
 """The tenant boundary on the real API server (charts/stoker/templates/admission-policy.yaml).
 
 A user whose role allows VLLMServices but not pods (the chart's editor ClusterRole, bound in a namespace) is
-refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass, volume type and pod
-label the pods would use that the user may not use directly, with a message naming the field; the user is
-accepted once granted the direct verb on exactly that object, and a user who may create pods is accepted
-outright. The policy and the roles are rendered by `helm template` from the chart, as both install paths do.
+refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass, ResourceClaim,
+volume type and pod label the pods would use that the user may not use directly, with a message naming the
+field; the user is accepted once granted the direct verb on exactly that object, and a user who may create
+pods is accepted outright. The policy and the roles are rendered by `helm template` from the chart, as both install paths do.
 """
 
 from __future__ import annotations
@@ -200,6 +200,7 @@ GRANTS = {
     "ConfigMap": ("", "configmaps", "get"),
     "PersistentVolumeClaim": ("", "persistentvolumeclaims", "use"),
     "PriorityClass": ("scheduling.k8s.io", "priorityclasses", "use"),
+    "ResourceClaim": ("resource.k8s.io", "resourceclaims", "use"),
     # An ephemeral volume's claim that clones or binds existing data: what creating it directly needs.
     "PersistentVolumeClaim made from existing data": ("", "persistentvolumeclaims", "create"),
 }
@@ -337,6 +338,13 @@ CASES: dict[str, Case] = {
         "PriorityClass",
         "system-node-critical",
     ),
+    # Every serving pod references the claim and so shares its device (another team's GPU).
+    "shared-gpu-claim": (
+        {"coldStart": {"standby": {"replicas": 2, "sharedGpu": {"resourceClaimName": "other-team-gpu"}}}},
+        "spec.coldStart.standby.sharedGpu.resourceClaimName",
+        "ResourceClaim",
+        "other-team-gpu",
+    ),
 }
 
 
@@ -440,6 +448,7 @@ def test_pod_annotations_are_refused_since_webhooks_act_on_them(
 # One object of each kind in one spec, and a hostPath.
 EVERYTHING: dict[str, Any] = {
     "model": CASES["s3-credentials-env-from"][0]["model"],
+    "coldStart": CASES["shared-gpu-claim"][0]["coldStart"],
     "runtime": {
         "env": [
             {"name": "A", "valueFrom": {"secretKeyRef": {"name": "db-creds", "key": "password"}}},

@@ -222,6 +222,8 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
         for resource in rule["resources"]
     }
     assert verbs[("", "pods/log")] == {"get"}
+    # Shared GPUs (coldStart.standby.sharedGpu): the operator reads the claims; their owners make them.
+    assert verbs[("resource.k8s.io", "resourceclaims")] == {"get", "list", "watch"}
     assert verbs[("stoker.dev", "vllmservices/status")] == {"get", "patch"}
     assert verbs[("stoker.dev", "vllmservices/finalizers")] == {"update"}
     for rule in rules:  # status and finalizers have rules of their own
