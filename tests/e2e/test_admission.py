@@ -4,7 +4,8 @@ A user whose role allows VLLMServices but not pods (the chart's editor ClusterRo
 refused, at `kubectl apply`, every ServiceAccount, Secret, ConfigMap, PVC, PriorityClass, ResourceClaim,
 volume type and pod label the pods would use that the user may not use directly, with a message naming the
 field; the user is accepted once granted the direct verb on exactly that object, and a user who may create
-pods is accepted outright. The policy and the roles are rendered by `helm template` from the chart, as both install paths do.
+pods is accepted outright. The policy and the roles are rendered by `helm template` from the chart, as both
+install paths do.
 """
 
 from __future__ import annotations

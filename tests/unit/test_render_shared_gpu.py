@@ -130,7 +130,7 @@ def test_scale_to_zero_keeps_the_engines() -> None:
 
 
 def test_no_more_awake_than_engines() -> None:
-    with pytest.raises(ValidationError, match="runtime.replicas must not exceed coldStart.standby.replicas"):
+    with pytest.raises(ValidationError, match=r"runtime\.replicas must not exceed coldStart\.standby"):
         shared(replicas=4)
     assert shared(replicas=3).spec.runtime.replicas == 3
     # Without sharing the standby pods are extra, so any active count goes.
@@ -138,7 +138,7 @@ def test_no_more_awake_than_engines() -> None:
 
 
 def test_one_gpu_per_engine() -> None:
-    with pytest.raises(ValidationError, match="runtime.gpus must be 1 when coldStart.standby.sharedGpu"):
+    with pytest.raises(ValidationError, match=r"runtime\.gpus must be 1 when coldStart\.standby\.sharedGpu"):
         service({**SHARED}, replicas=1, gpus=2)
     assert service({"replicas": 3}, replicas=1, gpus=2).spec.runtime.gpus == 2
 
