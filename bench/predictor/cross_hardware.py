@@ -3,18 +3,22 @@ host's from the two hosts' facts (stoker.inpod.host), never from the other host'
 
 usage: python -m bench.predictor.cross_hardware [--out FILE] [--raw FILE]
 
-Each host (HOSTS) is a RUNS_DIR of bench/predictor/coldstart_runs.py (its logs are the GPU runs' own) and its
-host facts. The recorded runs predate the seed's host measurement, so a fact a run did not measure is
+Each host (HOSTS) is a RUNS_DIR of bench/predictor/coldstart_runs.py (its logs are the GPU runs' own), or a
+shape sweep's own output (bench/gpu/coldstart.py --shapes: runs.jsonl, logs/, models.json, host.json),
+and its host facts. An optional host (the H200 shape sweep) joins the experiments once its runs.jsonl is
+there. The recorded runs predate the seed's host measurement, so a fact a run did not measure is
 derived from its starts, and the JSON says which and how (`hosts[].how`):
 - CPU speed (`cpuSeconds`, the seed's workload): the anchor host's measured figure times the ratio of the
-  hosts' Dynamo seconds of the same shape in the same regime (stock starts, compile-cache miss). Dynamo is
-  pure CPU on one thread (bytecode tracing; it reads nothing), so that phase is calibrated by construction
-  and every other phase is a prediction;
-- disk bandwidth: checkpoint bytes over the stock starts' weight loading (safetensors after the page cache
-  was dropped: one reader bound by the disk), where no `dd`-like figure was measured.
+  hosts' median seconds of one CPU phase in the same regime (stock starts, compile-cache miss), over the
+  shapes both ran (all shapes for a phase whose model has no feature of the shape). Dynamo is pure CPU on
+  one thread (bytecode tracing; it reads nothing), so that phase is calibrated by construction and every
+  other phase is a prediction; hosts without a shape in common compare model inspection;
+- disk bandwidth: the largest checkpoint's bytes over its stock starts' weight loading (safetensors after
+  the page cache was dropped: one reader bound by the disk), where no `dd`-like figure was measured.
 
 An experiment fits on every start of its fitted hosts (their facts become the set's host) and predicts every
 start of its held-out hosts, with and without the host facts (`unscaledTotal`: what a stand-in set says).
+Its `summary` judges the starts of regimes and shapes the fitted hosts ran; `allStarts` all of them.
 """
 
 from __future__ import annotations
