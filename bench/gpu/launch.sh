@@ -12,7 +12,7 @@
 #       does prep's work first if no prep call came (all parts in one call), installs vLLM, waits for the
 #       model and the bytecode, optionally profiles the API server's imports (cold, then warm), starts coldstart.py
 #       detached under /root/bench-out (--stop-after: no run ends after /root/t0 + LEASE_S), then harvests.
-#   later calls:  bench/gpu/launch.sh harvest SECONDS
+#   later calls:  bench/gpu/launch.sh harvest SECONDS [DRIVER_LOG]
 #       waits up to SECONDS (or until the driver prints "done"), then packs /root/bench-out into
 #       $OUT/bench-out.tgz (the device returns few files a call; $OUT is emptied before every call).
 #   another run:  [MANIFEST=...] bench/gpu/launch.sh more NAME LEASE_S CALL_S [driver args]
@@ -51,7 +51,7 @@ prep() {
 }
 
 case $mode in
-harvest) harvest "$1"; exit 0 ;;
+harvest) harvest "$@"; exit 0 ;;
 more)
     name=$1 lease=$2 call_budget=$3; shift 3
     start_driver "/root/bench-out/$name" "$lease" "$@"
