@@ -205,6 +205,11 @@ def pool(
             "model": engine.service.name,
             "gpuMiB": by_group.get(engine.server.process.pid),
             "hostMiB": host_mib_of_group(engine.server.process.pid),
+            # Results files keep sizes in bytes too (the README's figures are checked against them).
+            "gpuBytes": by_group[engine.server.process.pid] * 2**20
+            if engine.server.process.pid in by_group
+            else None,
+            "hostBytes": host_mib_of_group(engine.server.process.pid) * 2**20,
         }
         for engine in engines
     ]
