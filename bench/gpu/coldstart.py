@@ -17,7 +17,8 @@ again, held-out shapes first, so that a lease that ends early still leaves every
 Each shape keeps its own seeded cache. Logs: OUT/logs/<shape>-r<rep>-<profile>.log; OUT/models.json holds
 each checkpoint's model facts (stoker.predict.read_model_facts), config and file sizes.
 
-Seed warm-up (--seed-warmup, seedwarmup.py) and standby (--standby, standby.py): see those modules.
+Seed warm-up (--seed-warmup, seedwarmup.py), standby (--standby, standby.py) and the shared standby pool
+(--pool, standby_pool.py): see those modules.
 
 Before every start the page cache is dropped and the container-local JIT caches are wiped, as for a new pod
 on a new node. Every mode writes OUT/runs.jsonl (one line per start) and OUT/host.json; bench/gpu/report.py,
@@ -28,6 +29,7 @@ usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spa
        coldstart.py MANIFEST OUT --shapes NAME,NAME,... [--no-decode] [--stop-after 1300]
        coldstart.py MANIFEST OUT --seed-warmup [--repetitions 3] [--stop-after 600]
        coldstart.py MANIFEST OUT --standby [--servers 3] [--wakes 2] [--asleep-seconds 3]
+       coldstart.py MANIFEST OUT --pool SHAPE,SHAPE [--engines 2] [--wakes-in-pool 24] [--stop-after 500]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 import seedwarmup
 import standby
+import standby_pool
 from bench.predictor.shapes import SHAPES, Shape
 from harness import (
     HOME,
@@ -141,6 +144,14 @@ def shape_service(manifest: str, shape: Shape) -> VLLMService:
     return svc
 
 
+def pool_service(manifest: str, shape: Shape) -> VLLMService:
+    """The sweep's service of `shape`, named and served as the shape: one of the pool's models."""
+    svc = shape_service(manifest, shape)
+    svc.metadata["name"] = shape.name
+    svc.spec.model.served_model_name = shape.name
+    return svc
+
+
 def model_record(model_dir: str) -> dict[str, Any]:
     """What the predictor needs of a checkpoint: the model facts the seed Job prints (the same function),
     and the config and file sizes they were read from."""
@@ -186,6 +197,7 @@ def main() -> None:
     mode.add_argument("--shapes", help="the predictor's sweep over these bench/predictor/shapes.py shapes")
     mode.add_argument("--seed-warmup", action="store_true", help="seedwarmup.py's experiment")
     mode.add_argument("--standby", action="store_true", help="standby.py's sleep and wake cycles")
+    mode.add_argument("--pool", help="standby_pool.py: engines of these shapes' checkpoints on one GPU")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--profiles", default="stoker,stoker-spawn,stoker-nocompile")
     parser.add_argument("--first-repetition", type=int, default=1, help="to go on after an interruption")
@@ -201,6 +213,8 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=3, help="standby: serving starts, each a new pod")
     parser.add_argument("--wakes", type=int, default=2, help="standby: sleep and wake cycles per start")
     parser.add_argument("--asleep-seconds", type=float, default=3.0, help="standby")
+    parser.add_argument("--engines", type=int, default=2, help="pool: engines per model on the one GPU")
+    parser.add_argument("--wakes-in-pool", type=int, default=24, help="pool: wakes, alternating models")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -215,6 +229,10 @@ def main() -> None:
     elif args.standby:
         svc = load_service(args.manifest)
         standby.standby(svc, args.manifest, out, args.servers, args.wakes, args.asleep_seconds)
+    elif args.pool:
+        services = [pool_service(args.manifest, SHAPES[name]) for name in args.pool.split(",")]
+        budget = Budget(args.stop_after, ESTIMATE_S)
+        standby_pool.pool(services, out, args.engines, args.wakes_in_pool, budget)
     else:
         profiles(args, out)
     print("done", flush=True)

@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,48 @@ def stop(process: subprocess.Popen[str]) -> None:
         process.wait(10)
 
 
+@dataclass
+class Server:
+    """A started `inv`, its log pumped line by line with each line's arrival time."""
+
+    process: subprocess.Popen[str]
+    base: str
+    ready_seconds: float | None
+    pumper: threading.Thread
+
+    def stop(self) -> None:
+        stop(self.process)
+        self.pumper.join(5)
+
+
+def start_server(log_path: Path, inv: Invocation) -> Server:
+    """Start `inv` and wait for /health (ready_seconds None if it never answered)."""
+    base = f"http://127.0.0.1:{inv.port}"
+    log = log_path.open("w")
+    t0 = time.monotonic()
+    process = subprocess.Popen(
+        inv.argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**host_env(), **inv.env},
+        text=True,
+        start_new_session=True,
+        bufsize=1,
+        cwd=HOME,
+    )
+
+    def pump() -> None:
+        assert process.stdout is not None
+        with log:
+            for line in process.stdout:
+                log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
+                log.flush()
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    return Server(process, base, wait_ready(process, base, t0), pumper)
+
+
 def run_server(
     log_path: Path,
     inv: Invocation,
@@ -190,35 +233,14 @@ def run_server(
 ) -> dict[str, Any]:
     """Start `inv`, log each line with its arrival time, wait for /health, call
     `while_ready(base, result, process)` (skipped if the server never became ready), stop the server."""
-    base = f"http://127.0.0.1:{inv.port}"
-    with log_path.open("w") as log:
-        t0 = time.monotonic()
-        process = subprocess.Popen(
-            inv.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**host_env(), **inv.env},
-            text=True,
-            start_new_session=True,
-            bufsize=1,
-            cwd=HOME,
-        )
-
-        def pump() -> None:
-            assert process.stdout is not None
-            for line in process.stdout:
-                log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
-                log.flush()
-
-        pumper = threading.Thread(target=pump, daemon=True)
-        pumper.start()
-        ready = wait_ready(process, base, t0)
-        result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
-        if ready is not None:
-            while_ready(base, result, process)
-        stop(process)
-        pumper.join(5)
-    result["exitCode"] = process.returncode
+    t0 = time.monotonic()
+    server = start_server(log_path, inv)
+    ready = server.ready_seconds
+    result: dict[str, Any] = {"readySeconds": round(ready, 3) if ready is not None else None}
+    if ready is not None:
+        while_ready(server.base, result, server.process)
+    server.stop()
+    result["exitCode"] = server.process.returncode
     result["wallSeconds"] = round(time.monotonic() - t0, 1)
     return result
 

@@ -12,18 +12,30 @@
 #       does prep's work first if no prep call came (all parts in one call), installs vLLM, waits for the
 #       model and the bytecode, optionally profiles the API server's imports (cold, then warm), starts coldstart.py
 #       detached under /root/bench-out (--stop-after: no run ends after /root/t0 + LEASE_S), then harvests.
-#   later calls:  bench/gpu/launch.sh harvest SECONDS
+#   later calls:  bench/gpu/launch.sh harvest SECONDS [DRIVER_LOG]
 #       waits up to SECONDS (or until the driver prints "done"), then packs /root/bench-out into
 #       $OUT/bench-out.tgz (the device returns few files a call; $OUT is emptied before every call).
+#   another run:  [MANIFEST=...] bench/gpu/launch.sh more NAME LEASE_S CALL_S [driver args]
+#       after go's driver printed "done": a second driver on the installed host, into /root/bench-out/NAME.
 set -euo pipefail
 mode=$1; shift
 start=$(date +%s)
 
-harvest() {
-    local end=$(( $(date +%s) + $1 ))
-    while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done /root/bench-out/driver.log 2>/dev/null; do sleep 5; done
+harvest() {  # harvest SECONDS [DRIVER_LOG]
+    local end=$(( $(date +%s) + $1 )) driver_log=${2:-/root/bench-out/driver.log}
+    while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done "$driver_log" 2>/dev/null; do sleep 5; done
     tar -C /root -czf "$OUT/bench-out.tgz" bench-out
-    cat /root/bench-out/driver.log
+    cat "$driver_log"
+}
+
+start_driver() {  # start_driver OUT_DIR LEASE_S [driver args]: coldstart.py detached, stopping by the lease's end
+    local out_dir=$1 lease=$2; shift 2
+    rm -rf /root/bench && mkdir -p /root/bench/bench "$out_dir/logs" && cp -r src /root/bench/ \
+        && cp -r bench/gpu bench/predictor /root/bench/bench/
+    local stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
+    ( cd /root/bench/bench/gpu && PYTHONPATH=/root/bench/src:/root/bench:/root/site setsid nohup python3 coldstart.py \
+        "${MANIFEST:-llama-8b.json}" "$out_dir" --stop-after "$stop_after" "$@" > "$out_dir/driver.log" 2>&1 < /dev/null & )
+    echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
 }
 
 prep() {
@@ -39,7 +51,12 @@ prep() {
 }
 
 case $mode in
-harvest) harvest "$1"; exit 0 ;;
+harvest) harvest "$@"; exit 0 ;;
+more)
+    name=$1 lease=$2 call_budget=$3; shift 3
+    start_driver "/root/bench-out/$name" "$lease" "$@"
+    harvest $(( call_budget - ($(date +%s) - start) )) "/root/bench-out/$name/driver.log"
+    exit 0 ;;
 esac
 part_dir=$1; shift
 mkdir -p /root/stage /root/bench-out /models && cp "$part_dir"/part-* /root/stage/
@@ -69,10 +86,5 @@ if [ -n "${IMPORT_PROFILE:-}" ]; then
     PYTHONPATH=/root/site python3 -X importtime -c "import vllm.entrypoints.cli.serve" \
         2> /root/bench-out/importtime-warm.txt || true
 fi
-rm -rf /root/bench && mkdir -p /root/bench/bench && cp -r src /root/bench/ && cp -r bench/gpu bench/predictor /root/bench/bench/
-cd /root/bench/bench/gpu
-stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
-PYTHONPATH=/root/bench/src:/root/bench:/root/site setsid nohup python3 coldstart.py "${MANIFEST:-llama-8b.json}" \
-    /root/bench-out --stop-after "$stop_after" "$@" > /root/bench-out/driver.log 2>&1 < /dev/null &
-echo "driver started after $(( $(date +%s) - start )) s, stop after ${stop_after} s"
+start_driver /root/bench-out "$lease" "$@"
 harvest $(( call_budget - ($(date +%s) - start) ))

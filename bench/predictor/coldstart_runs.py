@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,51 @@ def sweep_facts(model: dict[str, Any]) -> dict[str, Any]:
         return read_model_facts(stand_in)
 
 
+def predictor_records(
+    logs_dir: Path,
+    engine_version: str,
+    profiles: Sequence[str],
+    facts: ModelFacts | None = None,
+    shape: str | None = None,
+) -> list[dict[str, Any]]:
+    """The starts of `profiles` in LOGS_DIR as validate.py's records, each `log` the path of its log. A
+    sweep's facts come from LOGS_DIR/models.json; a profile run's are `facts`, of `shape`."""
+    models_path = logs_dir / "models.json"
+    sweep = json.loads(models_path.read_text()) if models_path.exists() else {}
+    facts_of = {
+        name: ModelFacts.model_validate(sweep_facts(model)).to_json_dict() for name, model in sweep.items()
+    }
+    if not sweep:
+        if facts is None or shape is None:
+            raise ValueError(f"{logs_dir}: no models.json, so a profile run's facts and shape are needed")
+        facts_of[shape] = facts.to_json_dict()
+    records = []
+    for line in (logs_dir / "runs.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["profile"] not in profiles:
+            continue
+        name = record.get("log", f"r{record['repetition']}-{record['profile']}.log")
+        log = next(path for path in (logs_dir / name, logs_dir / f"{name}.gz") if path.exists())
+        timeline = parse_log(log_lines(log))
+        settings = logged_settings(
+            engine_settings(record["argv"], record["env"], timeline.compile_cache, engine_version),
+            timeline.compile_cache,
+            timeline.compile_cache_reason,
+        )
+        run_shape = record.get("shape", shape)
+        records.append(
+            {
+                "shape": run_shape,
+                "profile": record["profile"],
+                "rep": record["repetition"],
+                "log": log,
+                "facts": facts_of[run_shape],
+                "settings": settings.to_json_dict(),
+            }
+        )
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.predictor.coldstart_runs")
     parser.add_argument("logs_dir", metavar="LOGS_DIR", type=Path)
@@ -50,42 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", required=True, help="comma-separated profiles to take")
     parser.add_argument("--out", type=Path, required=True)
     arguments = parser.parse_args(argv)
-    models_path = arguments.logs_dir / "models.json"
-    sweep = json.loads(models_path.read_text()) if models_path.exists() else {}
-    facts_of = {
-        shape: ModelFacts.model_validate(sweep_facts(model)).to_json_dict() for shape, model in sweep.items()
-    }
-    if not sweep:
-        if arguments.facts is None or arguments.shape is None:
-            parser.error("--facts and --shape are needed for a profile run (no models.json)")
-        facts_of[arguments.shape] = ModelFacts.model_validate_json(arguments.facts.read_text()).to_json_dict()
-    profiles = arguments.profiles.split(",")
-    lines = []
-    for line in (arguments.logs_dir / "runs.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["profile"] not in profiles:
-            continue
-        shape = record.get("shape", arguments.shape)
-        name = record.get("log", f"r{record['repetition']}-{record['profile']}.log")
-        log = next(
-            path for path in (arguments.logs_dir / name, arguments.logs_dir / f"{name}.gz") if path.exists()
+    facts = ModelFacts.model_validate_json(arguments.facts.read_text()) if arguments.facts else None
+    try:
+        records = predictor_records(
+            arguments.logs_dir,
+            arguments.engine_version,
+            arguments.profiles.split(","),
+            facts,
+            arguments.shape,
         )
-        timeline = parse_log(log_lines(log))
-        settings = logged_settings(
-            engine_settings(record["argv"], record["env"], timeline.compile_cache, arguments.engine_version),
-            timeline.compile_cache,
-            timeline.compile_cache_reason,
-        )
-        lines.append(
-            {
-                "shape": shape,
-                "profile": record["profile"],
-                "rep": record["repetition"],
-                "log": os.path.relpath(log, arguments.out),
-                "facts": facts_of[shape],
-                "settings": settings.to_json_dict(),
-            }
-        )
+    except ValueError as error:
+        parser.error(str(error))
+    lines = [{**record, "log": os.path.relpath(record["log"], arguments.out)} for record in records]
     arguments.out.mkdir(parents=True, exist_ok=True)
     (arguments.out / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     print(f"wrote {len(lines)} runs to {arguments.out / 'runs.jsonl'}")

@@ -72,15 +72,19 @@ def log_lines(path: Path) -> Iterator[str]:
 
 def load_runs(runs_dir: Path) -> list[Run]:
     """Every start of RUNS_DIR that reached `Starting vLLM server on`; others are reported and left out."""
+    lines = (runs_dir / "runs.jsonl").read_text().splitlines()
+    return runs_of([json.loads(line) for line in lines if line.strip()], runs_dir)
+
+
+def runs_of(records: Sequence[dict[str, Any]], base: Path) -> list[Run]:
+    """The starts of runs.jsonl's `records` (each log relative to `base`, or absolute) that reached
+    `Starting vLLM server on`; others are reported and left out."""
     runs = []
-    for number, line in enumerate((runs_dir / "runs.jsonl").read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        timeline = parse_log(log_lines(runs_dir / record["log"]))
+    for number, record in enumerate(records, start=1):
+        timeline = parse_log(log_lines(base / record["log"]))
         label = f"{record['shape']}/{record['profile']}/r{record['rep']}"
         if timeline.total_seconds is None:
-            print(f"left out {label} (runs.jsonl line {number}): not ready in its log", file=sys.stderr)
+            print(f"left out {label} (record {number}): not ready in its log", file=sys.stderr)
             continue
         settings = logged_settings(
             EngineSettings.model_validate(record["settings"]),

@@ -103,6 +103,27 @@ def test_standby_sleeps_out_of_the_service_and_wakes_on_scale_up(fleet: Fleet) -
     assert events(fleet, "Demoted")
 
 
+@pytest.mark.parametrize("fleet", [("idle", 1, 10)], indirect=True)
+def test_scale_to_zero_keeps_no_engine_awake_and_a_scale_from_zero_wakes_one(fleet: Fleet) -> None:
+    wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
+    (server,) = fleet.by_role()["active"]
+    fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=0")
+    # The awake engine leaves the Service and falls asleep (or is the one surplus pod deleted): none awake.
+    wait_for(lambda: settled(fleet, active=0, standby=1), what="0 active and 1 asleep standby")
+    (sleeper,) = fleet.by_role()["standby"]
+    assert fleet.engine(sleeper).sleeping
+    if sleeper == server:
+        assert sleeps(fleet.engine(server)), "the formerly active engine was put to sleep, not deleted"
+    assert endpoint_ips(fleet) == set()
+
+    # From zero, as an autoscaler does through the scale subresource: the sleeper wakes and serves.
+    fleet.kubectl("-n", fleet.namespace, "scale", "vllmservice", fleet.name, "--replicas=1")
+    wait_for(lambda: sleeper in fleet.by_role()["active"], what="the sleeping pod to wake")
+    assert not fleet.engine(sleeper).sleeping
+    assert any(sleeper in message and "served a completion" in message for message in events(fleet, "Woke"))
+    wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby again")
+
+
 @pytest.mark.parametrize("fleet", [("stuck", 1, 1)], indirect=True)
 def test_a_standby_that_does_not_wake_in_time_is_replaced_not_served(fleet: Fleet) -> None:
     wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
