@@ -26,7 +26,7 @@ ENGINES = 2  # standby.replicas: the engines of each service on the shared GPU, 
 
 def shared_service(name: str) -> dict[str, Any]:
     manifest = standby_service(name, replicas=1)
-    manifest["spec"]["runtime"]["gpuMemoryUtilization"] = 0.4
+    manifest["spec"]["runtime"]["gpuMemoryUtilization"] = 0.3
     manifest["spec"]["coldStart"]["standby"].update(replicas=ENGINES, sharedGpu={"resourceClaimName": CLAIM})
     return manifest
 
@@ -61,51 +61,49 @@ def gated(pod: dict[str, Any]) -> bool:
     return any(gate["name"] == GPU_SHARE_GATE for gate in pod["spec"].get("schedulingGates") or [])
 
 
-def lift_gate(kubectl: Any, namespace: str, pod: str) -> None:
-    # TODO(shared GPU planner): the operator lifts the gate, one pod at a time per shared GPU, when the
-    # engine's gpuMemoryUtilization share is free; until then the test stands in for it. Removing a gate is
-    # the only change the API server allows to spec.schedulingGates.
-    patch = [{"op": "remove", "path": "/spec/schedulingGates"}]
-    kubectl("-n", namespace, "patch", "pod", pod, "--type=json", "-p", json.dumps(patch))
+def events(fleet: Fleet, reason: str) -> list[str]:
+    found = get_json(
+        fleet.kubectl,
+        "-n",
+        fleet.namespace,
+        "events",
+        "--field-selector",
+        f"reason={reason},involvedObject.name={fleet.name}",
+    ) or {"items": []}
+    return [event["message"] for event in found["items"]]
 
 
 def test_engines_of_two_services_share_the_claims_one_device(
     fleets: dict[str, Fleet], namespace: str, kubectl: Any
 ) -> None:
-    # Each Deployment runs standby.replicas pods (not replicas + standby), all created behind the gate,
-    # none scheduled, so the claim is not allocated yet.
+    # Each Deployment runs standby.replicas pods (not replicas + standby), created behind the gate, with the
+    # claim instead of a GPU of their own.
     for name in SERVICES:
         deployment = wait_for(
             lambda name=name: get_json(kubectl, "-n", namespace, "deployment", name),
             what=f"{name} Deployment",
         )
         assert deployment["spec"]["replicas"] == ENGINES
+        assert deployment["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GPU_SHARE_GATE}]
     pods = wait_for(
         lambda: (found := all_pods(fleets)) and len(found) == ENGINES * len(SERVICES) and found,
         what="every engine's pod",
     )
     for pod in pods:
-        assert gated(pod), pod["spec"].get("schedulingGates")
-        assert not pod["spec"].get("nodeName")
         assert pod["spec"]["resourceClaims"] == [{"name": GPU_SHARE_CLAIM, "resourceClaimName": CLAIM}]
         (engine,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
         assert engine["resources"]["claims"] == [{"name": GPU_SHARE_CLAIM}]
         assert "nvidia.com/gpu" not in (engine["resources"].get("limits") or {})
-    claim = get_json(kubectl, "-n", namespace, "resourceclaim", CLAIM)
-    assert claim and not (claim.get("status") or {}).get("allocation")
 
-    # One engine at a time: each starts only once the one before it runs (the planner will also wait for
-    # its memory share to be free).
-    for pod in sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"])):
-        name = pod["metadata"]["name"]
-        lift_gate(kubectl, namespace, name)
+    # The operator lifts the gates one engine at a time, each once its share fits beside the awake ones
+    # (0.3 each: three fit awake, so the fourth starts only after a surplus engine fell asleep). Each service
+    # then keeps one engine awake (runtime.replicas) and the other asleep.
+    for fleet in fleets.values():
         wait_for(
-            lambda name=name: (
-                (found := get_json(kubectl, "-n", namespace, "pod", name))
-                and found["status"].get("phase") == "Running"
-            ),
-            what=f"{name} Running",
+            lambda fleet=fleet: settled(fleet, active=1, standby=1), what=f"{fleet.name}: 1 awake, 1 asleep"
         )
+    started = [message for fleet in fleets.values() for message in events(fleet, "StartingOnSharedGpu")]
+    assert len(started) == ENGINES * len(SERVICES), started
 
     # The claim is allocated once, to one device, and reserved for every engine of both services.
     claim = get_json(kubectl, "-n", namespace, "resourceclaim", CLAIM)
@@ -119,22 +117,40 @@ def test_engines_of_two_services_share_the_claims_one_device(
     running = {pod["metadata"]["uid"]: pod for pod in all_pods(fleets)}
     assert len(running) == ENGINES * len(SERVICES)
     assert {r["uid"] for r in claim["status"]["reservedFor"]} == set(running)
-    assert {r["resource"] for r in claim["status"]["reservedFor"]} == {"pods"}
     for pod in running.values():
         assert pod["spec"]["nodeName"] == node
         assert not gated(pod)
 
-    # The standby pool of each service works on the shared GPU as on GPUs of their own: one engine each
-    # serves (runtime.replicas), the other sleeps.
-    for fleet in fleets.values():
-        wait_for(
-            lambda fleet=fleet: settled(fleet, active=1, standby=1), what=f"{fleet.name}: 1 awake, 1 asleep"
-        )
+    # Both services see every engine on the device in their status.
+    alpha, beta = fleets["alpha"], fleets["beta"]
 
-    # Scale to zero keeps the engines, asleep, on the GPU: the Deployment still runs standby.replicas pods.
-    alpha = fleets["alpha"]
+    def shared_status() -> dict[str, Any] | None:
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", beta.name)
+        shared = ((svc or {}).get("status") or {}).get("standby", {}).get("sharedGpu") or {}
+        engines = shared.get("engines") or []
+        return shared if len(engines) == 4 and sum(e["awake"] for e in engines) == 2 else None
+
+    shared = wait_for(shared_status, what="beta's status: 4 engines on the device, 2 awake")
+    assert shared["resourceClaimName"] == CLAIM
+    assert {engine["service"] for engine in shared["engines"]} == set(SERVICES)
+
+    # alpha wants both its engines awake: the third fits. beta then wants its second too: four do not fit,
+    # and every awake engine serves, so beta waits and says why.
+    kubectl("-n", namespace, "scale", "vllmservice", alpha.name, "--replicas=2")
+    wait_for(lambda: settled(alpha, active=2, standby=0), what="alpha: 2 awake")
+    kubectl("-n", namespace, "scale", "vllmservice", beta.name, "--replicas=2")
+    wait_for(lambda: events(beta, "WaitingForGPU"), what="beta waiting for the GPU")
+    awake_alpha = alpha.by_role()["active"]
+    svc = get_json(kubectl, "-n", namespace, "vllmservice", beta.name)
+    assert all(pod in svc["status"]["standby"]["sharedGpu"]["waiting"] for pod in awake_alpha)
+    assert not any(alpha.engine(pod).sleeping for pod in awake_alpha)
+
+    # alpha scales to zero: its engine, no longer wanted, falls asleep (its own drain, or put to sleep at
+    # once to make room), and beta's second engine wakes: the engines stay on the GPU, none is deleted.
     kubectl("-n", namespace, "scale", "vllmservice", alpha.name, "--replicas=0")
     wait_for(lambda: settled(alpha, active=0, standby=ENGINES), what="alpha: 0 awake, 2 asleep")
+    wait_for(lambda: settled(beta, active=2, standby=0), what="beta: 2 awake")
+    assert all(alpha.engine(pod).sleeping for pod in awake_alpha)
     deployment = get_json(kubectl, "-n", namespace, "deployment", alpha.name)
     assert deployment and deployment["spec"]["replicas"] == ENGINES
     claim = get_json(kubectl, "-n", namespace, "resourceclaim", CLAIM)

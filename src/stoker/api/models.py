@@ -1312,11 +1312,35 @@ class WakeRecord(_StatusModel):
     at: datetime | None = Field(default=None, description="When the wake started.")
 
 
+class SharedGpuEngine(_StatusModel):
+    """An engine on the shared GPU, of this or another VLLMService of the namespace."""
+
+    pod: str = Field(description="Pod name.")
+    service: str = Field(description="The VLLMService the pod serves.")
+    awake: bool = Field(description="The engine holds its share of the GPU (awake or starting).")
+    share: float = Field(description="Its --gpu-memory-utilization: the fraction of the GPU it holds awake.")
+
+
+class SharedGpuStatus(_StatusModel):
+    """Which engines share the GPU of coldStart.standby.sharedGpu, and what waits for it."""
+
+    resource_claim_name: str = Field(description="The ResourceClaim whose device the engines share.")
+    engines: list[SharedGpuEngine] = Field(
+        default_factory=list, max_length=1100, description="Every engine on the device, started or starting."
+    )
+    waiting: str | None = Field(
+        default=None, description="Why a wake or a start of this service waits for the GPU, if one does."
+    )
+
+
 class StandbyStatus(_StatusModel):
     """Standby replicas: each serving pod's role and the last wake."""
 
     pods: list[PodRole] = Field(default_factory=list, max_length=1100, description="Each serving pod's role.")
     last_wake: WakeRecord | None = Field(default=None, description="The last wake of a standby pod.")
+    shared_gpu: SharedGpuStatus | None = Field(
+        default=None, description="With coldStart.standby.sharedGpu: the engines sharing its GPU."
+    )
 
 
 class VLLMServiceStatus(_StatusModel):

@@ -122,6 +122,12 @@ class ObjectCache:
             found = [self._objects[(kind, namespace, name)].parsed() for name in names]
         return [obj for obj in found if matches is None or matches(obj)]
 
+    def of_kind(self, kind: str, namespace: str) -> list[Manifest]:
+        """Every object of `kind` in `namespace` (a scan: for the few passes that look across services)."""
+        with self._guard:
+            held = [h for (k, ns, _), h in self._objects.items() if k == kind and ns == namespace]
+        return [h.parsed() for h in held]
+
     def name_taken(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
         """A watch event of any object of a kind stoker creates: only whether its name is taken."""
         meta = obj["metadata"]

@@ -54,7 +54,7 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.startups = startups
-        self.standby = StandbyPool(kube, settings)
+        self.standby = StandbyPool(kube, settings, cache)
         self.observer = Observer(kube, cache, settings.field_manager, settings.programs_image)
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).

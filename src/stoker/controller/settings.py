@@ -89,6 +89,12 @@ class OperatorSettings(BaseSettings):
         5.0, ge=0, description="A demoted pod leaves the Service this long before it is put to sleep."
     )
     standby_sleep_timeout_seconds: float = Field(300.0, gt=0, description="Bound on one /sleep call.")
+    shared_gpu_memory_gib: float = Field(
+        80.0,
+        gt=0,
+        description="The memory of a GPU shared through coldStart.standby.sharedGpu, for the part sleeping"
+        " engines keep (about 1.5 GiB each): a smaller figure than the device has is the safe side.",
+    )
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
     @model_validator(mode="after")

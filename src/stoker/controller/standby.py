@@ -9,6 +9,7 @@ asked whether it is, and slept again if not.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import secrets
 import threading
@@ -16,30 +17,55 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stoker.api import VLLMService
+from stoker.api import KIND, VLLMService
 from stoker.controller import metrics
+from stoker.controller.cache import ObjectCache
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import parse_time, pod_is_ready
+from stoker.controller.ownership import created_by_deployment
 from stoker.controller.settings import OperatorSettings
-from stoker.render import PORT, short_cache_key
+from stoker.render import PORT, deployment_name, short_cache_key
 from stoker.render.control import control_token
 from stoker.render.engine import SLEEP_MODE_FLAG, served_model_name
 from stoker.render.names import (
     ASLEEP_ANNOTATION,
     CACHE_KEY_LABEL,
     DELETION_COST_ANNOTATION,
+    GPU_SHARE_GATE,
     ROLE_ACTIVE,
     ROLE_LABEL,
     ROLE_STANDBY,
     STANDBY_DELETION_COST,
     STANDBY_SINCE_ANNOTATION,
 )
-from stoker.standby import EngineControl, EngineControlError, ServingPod, plan_standby, replacement_delay
+from stoker.standby import (
+    EngineControl,
+    EngineControlError,
+    ServingPod,
+    WakeTiming,
+    plan_standby,
+    replacement_delay,
+)
+from stoker.standby.gpushare import (
+    MakingRoomFailed,
+    SharedEngine,
+    device_lock,
+    plan_memory,
+    wake_on_shared_gpu,
+)
 
 log = logging.getLogger(__name__)
 
 IS_SLEEPING_TIMEOUT_SECONDS = 5.0
+# vLLM's own default share when a pod's command does not set --gpu-memory-utilization.
+VLLM_DEFAULT_GPU_SHARE = 0.9
+GPU_SHARE_FLAG = "--gpu-memory-utilization"
+# While an engine waits for room on a shared GPU: its service is looked at again this soon (another
+# service's scale-down, which makes the room, does not touch this one's objects).
+SHARED_GPU_RECHECK_SECONDS = 2.0
+# A pod whose gate was lifted counts as starting until the watch shows it Ready, or this long at most.
+STARTING_AT_MOST_SECONDS = 600.0
 
 
 @dataclass
@@ -50,6 +76,7 @@ class StandbyOutcome:
     last_wake: Manifest | None = None
     recheck_after: float | None = None
     problem: str | None = None  # why pods are not being replaced now (a backoff after failures)
+    shared_gpu: Manifest | None = None  # status.standby.sharedGpu
 
     @property
     def active(self) -> int:
@@ -63,7 +90,12 @@ class StandbyOutcome:
         pods = [
             {"pod": pod, "role": role, "asleep": asleep} for pod, (role, asleep) in sorted(self.roles.items())
         ]
-        return {"pods": pods, **({"lastWake": self.last_wake} if self.last_wake else {})}
+        document: Manifest = {"pods": pods}
+        if self.last_wake:
+            document["lastWake"] = self.last_wake
+        if self.shared_gpu:
+            document["sharedGpu"] = self.shared_gpu
+        return document
 
 
 def serving_pod(pod: Manifest, short_key: str) -> ServingPod:
@@ -83,6 +115,40 @@ def serving_pod(pod: Manifest, short_key: str) -> ServingPod:
     )
 
 
+def gated(pod: Manifest) -> bool:
+    return any(gate.get("name") == GPU_SHARE_GATE for gate in pod["spec"].get("schedulingGates") or [])
+
+
+def gpu_share(pod: Manifest) -> float:
+    """The fraction of its GPU the pod's engine holds awake: its --gpu-memory-utilization."""
+    args = list(pod["spec"]["containers"][0].get("args") or [])
+    for flag, value in itertools.pairwise(args):
+        if flag == GPU_SHARE_FLAG:
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return VLLM_DEFAULT_GPU_SHARE
+
+
+def claims_of(pod: Manifest) -> set[str]:
+    return {claim.get("resourceClaimName") for claim in pod["spec"].get("resourceClaims") or []} - {None}
+
+
+def shared_engine(pod: Manifest) -> SharedEngine:
+    """An ungated pod on a shared GPU as the planner sees it: it holds its share unless the operator saw it
+    fall asleep (the engines are asked again before a wake)."""
+    meta = pod["metadata"]
+    asleep = ASLEEP_ANNOTATION in (meta.get("annotations") or {}) and pod_is_ready(pod)
+    return SharedEngine(
+        name=meta["name"],
+        share=gpu_share(pod),
+        holds_memory=not asleep,
+        wanted=(meta.get("labels") or {}).get(ROLE_LABEL, ROLE_ACTIVE) == ROLE_ACTIVE,
+        since=parse_time(meta.get("creationTimestamp")) or dt.datetime.now(dt.UTC),
+    )
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Failed sleeps and wakes of one VLLMService's pods, and when the next pod may be replaced."""
@@ -93,9 +159,13 @@ class Backoff:
 
 
 class StandbyPool:
-    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings, cache: ObjectCache) -> None:
         self.kube = kube
         self.settings = settings
+        self.cache = cache
+        # Pods whose gate this operator lifted, until the watch shows them Ready: the cache may not show the
+        # lift yet, and one engine starts at a time per shared GPU. (namespace, pod) -> time.monotonic()
+        self._lifted: dict[tuple[str, str], float] = {}
         if settings.control_key is not None:
             self.key = settings.control_key.get_secret_value()
         else:
@@ -184,12 +254,33 @@ class StandbyPool:
             metrics.STANDBY_TRANSITIONS.labels("demote", "ok").inc()
             self.kube.post_event(body, "Demoted", f"Pod {pod.name} left the Service to become a standby")
 
+        shared = standby.shared_gpu
+        claim = shared.resource_claim_name if shared is not None else None
+        on_device = self._pods_on_claim(namespace, claim) if claim is not None else []
+        waiting: str | None = None
+
         needed = plan.shortage
         for pod in plan.wake_candidates:
             if needed == 0:
                 break
             try:
-                timing = engine(pod).wake(served_model_name(svc), standby.wake_timeout_seconds)
+                if claim is None:
+                    timing = engine(pod).wake(served_model_name(svc), standby.wake_timeout_seconds)
+                else:
+                    woken = self._wake_shared(body, svc, namespace, claim, pod, on_device, token)
+                    if woken is None:
+                        waiting = self._waiting_for_gpu(body, namespace, claim, pod.name, on_device)
+                        hold(SHARED_GPU_RECHECK_SECONDS)
+                        break
+                    timing = woken
+            except MakingRoomFailed as error:
+                metrics.STANDBY_TRANSITIONS.labels("sleep", "failed").inc()
+                waiting = str(error)
+                self.kube.post_event(
+                    body, "MakingRoomFailed", f"Pod {pod.name} not woken: {error}", warning=True
+                )
+                hold(SHARED_GPU_RECHECK_SECONDS)
+                break
             except EngineControlError as error:
                 metrics.STANDBY_TRANSITIONS.labels("wake", "failed").inc()
                 outcome.last_wake = {
@@ -247,6 +338,10 @@ class StandbyPool:
                 f"Pod {pod.name} is a standby, asleep at level {standby.level} in {seconds:.1f} s",
             )
 
+        if claim is not None:
+            waiting = self._start_one(body, namespace, claim, pods, hold) or waiting
+            outcome.shared_gpu = self._shared_gpu_status(namespace, claim, waiting)
+
         if backoff is not None:
             outcome.problem = (
                 f"{backoff.last_error}; after {backoff.failures} failed sleeps or wakes, standby pods are"
@@ -255,6 +350,176 @@ class StandbyPool:
         if resync:
             self._verify_asleep(namespace, views, engine, outcome)
         return outcome
+
+    # ------------------------------------------------------------------------------- shared GPU
+
+    def _pods_on_claim(self, namespace: str, claim: str) -> list[tuple[Manifest, Manifest]]:
+        """(pod, its VLLMService) for every serving pod of the namespace that references `claim`."""
+        found: list[tuple[Manifest, Manifest]] = []
+        for owner in self.cache.of_kind(KIND, namespace):
+            name = owner["metadata"]["name"]
+            deployment = deployment_name(name)
+            found.extend(
+                (pod, owner)
+                for pod in self.cache.of_instance("Pod", namespace, name)
+                if created_by_deployment(pod, deployment) and claim in claims_of(pod)
+            )
+        return found
+
+    def _neighbours(
+        self, namespace: str, target: str, on_device: list[tuple[Manifest, Manifest]]
+    ) -> tuple[list[SharedEngine], dict[str, EngineControl | None]]:
+        """The started engines on the device other than `target`, and how to reach each (its service's
+        token; None without a pod IP)."""
+        engines: list[SharedEngine] = []
+        controls: dict[str, EngineControl | None] = {}
+        for pod, owner in on_device:
+            name = pod["metadata"]["name"]
+            if name == target or gated(pod) or pod["metadata"].get("deletionTimestamp"):
+                continue
+            engines.append(shared_engine(pod))
+            address = (pod.get("status") or {}).get("podIP")
+            token = control_token(self.key, str(owner["metadata"]["uid"]))
+            controls[name] = EngineControl(f"http://{address}:{PORT}", token) if address else None
+        return engines, controls
+
+    def _wake_shared(
+        self,
+        body: Manifest,
+        svc: VLLMService,
+        namespace: str,
+        claim: str,
+        pod: ServingPod,
+        on_device: list[tuple[Manifest, Manifest]],
+        token: str,
+    ) -> WakeTiming | None:
+        """Wake `pod` on its shared GPU, first putting to sleep the engines whose services no longer want
+        them; None when the memory is held by engines that serve (nothing was done)."""
+        standby = svc.spec.cold_start.standby
+        assert standby is not None
+        neighbours, controls = self._neighbours(namespace, pod.name, on_device)
+        controls[pod.name] = EngineControl(f"http://{pod.address}:{PORT}", token)
+        share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod.name), 0.0)
+
+        def slept(engine: SharedEngine, seconds: float) -> None:
+            self.kube.patch_pod_metadata(namespace, engine.name, {}, {ASLEEP_ANNOTATION: now_rfc3339()})
+            metrics.STANDBY_TRANSITIONS.labels("sleep", "ok").inc()
+            self.kube.post_event(
+                body,
+                "MadeRoom",
+                f"Pod {engine.name} (not wanted by its service) fell asleep in {seconds:.2f} s to make room"
+                f" for pod {pod.name} on the GPU of ResourceClaim {claim}",
+            )
+
+        result = wake_on_shared_gpu(
+            f"{namespace}/{claim}",
+            self.settings.shared_gpu_memory_gib,
+            SharedEngine(pod.name, share, False, True, pod.created),
+            neighbours,
+            lambda engine: controls.get(engine.name),
+            served_model_name(svc),
+            standby.level,
+            standby.wake_timeout_seconds,
+            on_slept=slept,
+        )
+        return result.timing
+
+    def _waiting_for_gpu(
+        self,
+        body: Manifest,
+        namespace: str,
+        claim: str,
+        pod: str,
+        on_device: list[tuple[Manifest, Manifest]],
+    ) -> str:
+        neighbours, _ = self._neighbours(namespace, pod, on_device)
+        share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod), 0.0)
+        target = SharedEngine(pod, share, False, True, dt.datetime.now(dt.UTC))
+        gib = self.settings.shared_gpu_memory_gib
+        message = plan_memory(neighbours, target, gib).describe(pod, gib)
+        self.kube.post_event(body, "WaitingForGPU", f"{message} (ResourceClaim {claim})", warning=True)
+        return message
+
+    def _start_one(
+        self,
+        body: Manifest,
+        namespace: str,
+        claim: str,
+        pods: list[Manifest],
+        hold: Callable[[float], None],
+    ) -> str | None:
+        """Lift the gate of this service's oldest gated pod when no engine is starting on the shared GPU and
+        its share fits beside those awake; returns why it waits, if one does."""
+        waiting_pods = sorted(
+            (pod for pod in pods if gated(pod) and not pod["metadata"].get("deletionTimestamp")),
+            key=lambda pod: (pod["metadata"].get("creationTimestamp") or "", pod["metadata"]["name"]),
+        )
+        if not waiting_pods:
+            return None
+        candidate = waiting_pods[0]
+        name = candidate["metadata"]["name"]
+        with device_lock(f"{namespace}/{claim}"):
+            on_device = self._pods_on_claim(namespace, claim)
+            now = time.monotonic()
+            starting = [
+                pod["metadata"]["name"]
+                for pod, _ in on_device
+                if self._is_starting(namespace, pod, now) and pod["metadata"]["name"] != name
+            ]
+            if starting:
+                hold(SHARED_GPU_RECHECK_SECONDS)
+                after = ", ".join(sorted(starting))
+                return f"pod {name} starts after {after} on the GPU of ResourceClaim {claim}"
+            neighbours, _ = self._neighbours(namespace, name, on_device)
+            target = SharedEngine(name, gpu_share(candidate), False, True, dt.datetime.now(dt.UTC))
+            gib = self.settings.shared_gpu_memory_gib
+            room = plan_memory(neighbours, target, gib)
+            if not room.fits or room.sleep_first:
+                # A start never puts an engine to sleep: an unwanted awake one falls asleep after its drain.
+                hold(SHARED_GPU_RECHECK_SECONDS)
+                return (
+                    room.describe(name, gib) if not room.fits else f"pod {name} starts once its share is free"
+                )
+            self.kube.patch_json(
+                "v1", "Pod", namespace, name, [{"op": "remove", "path": "/spec/schedulingGates"}]
+            )
+            self._lifted[(namespace, name)] = now
+        self.kube.post_event(
+            body,
+            "StartingOnSharedGpu",
+            f"Pod {name} may start on the GPU of ResourceClaim {claim}: its share fits",
+        )
+        hold(SHARED_GPU_RECHECK_SECONDS)
+        return None
+
+    def _is_starting(self, namespace: str, pod: Manifest, now: float) -> bool:
+        """An engine that holds memory while it starts: ungated (or lifted by this operator and not yet seen
+        ungated), not yet Ready, not being deleted."""
+        key = (namespace, pod["metadata"]["name"])
+        if pod_is_ready(pod) or pod["metadata"].get("deletionTimestamp"):
+            self._lifted.pop(key, None)
+            return False
+        lifted = self._lifted.get(key)
+        if lifted is not None and now - lifted > STARTING_AT_MOST_SECONDS:
+            self._lifted.pop(key, None)
+            lifted = None
+        return not gated(pod) or lifted is not None
+
+    def _shared_gpu_status(self, namespace: str, claim: str, waiting: str | None) -> Manifest:
+        engines = []
+        for pod, owner in self._pods_on_claim(namespace, claim):
+            if gated(pod) and (namespace, pod["metadata"]["name"]) not in self._lifted:
+                continue
+            engine = shared_engine(pod)
+            engines.append(
+                {
+                    "pod": engine.name,
+                    "service": owner["metadata"]["name"],
+                    "awake": engine.holds_memory,
+                    "share": engine.share,
+                }
+            )
+        return {"resourceClaimName": claim, "engines": engines, **({"waiting": waiting} if waiting else {})}
 
     def _verify_asleep(
         self,

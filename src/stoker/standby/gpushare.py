@@ -23,6 +23,10 @@ SLEEPING_ENGINE_GIB = 1.5
 IS_SLEEPING_TIMEOUT_SECONDS = 2.0
 
 
+class MakingRoomFailed(EngineControlError):
+    """An engine that had to fall asleep for another did not: the target was not woken."""
+
+
 @dataclass(frozen=True)
 class SharedEngine:
     name: str  # the pod
@@ -116,7 +120,8 @@ def wake_on_shared_gpu(
 ) -> SharedWake:
     """Under the device's lock: ask the neighbours whether they sleep, put to sleep those the plan names
     (`on_slept` records each at once, so a failure later leaves no engine marked wrongly), then wake
-    `target` and prove it serves. Raises EngineControlError when a sleep or the wake fails."""
+    `target` and prove it serves. Raises MakingRoomFailed when a neighbour's sleep fails, EngineControlError
+    when the wake does."""
     with device_lock(device):
         started = time.monotonic()
         plan = plan_memory(ask_engines(neighbours, control), target, device_gib)
