@@ -1386,6 +1386,10 @@ class VLLMServiceStatus(_StatusModel):
     cache: CacheStatus | None = Field(default=None, description="Compile-cache keys.")
     startup: StartupStatus | None = Field(default=None, description="Start-up timings per phase.")
     standby: StandbyStatus | None = Field(default=None, description="Standby pods and wakes.")
+    inference_pool: str | None = Field(
+        default=None,
+        description="The InferencePool the operator keeps for spec.inferencePool (deleted when it is unset).",
+    )
 
 
 # ------------------------------------------------------------------------------------------ resource

@@ -38,11 +38,23 @@ from stoker.render.names import (
     serving_selector,
     serving_selector_labels,
 )
+from stoker.render.inferencepool import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    build_inference_pool,
+    inference_pool_name,
+)
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job, seed_invocation
 from stoker.render.service import build_service
 
 __all__ = [
+    "INFERENCE_POOL_API_VERSION",
+    "INFERENCE_POOL_KIND",
+    "INFERENCE_POOL_PLURAL",
+    "build_inference_pool",
+    "inference_pool_name",
     "CACHE_KEY_ANNOTATION",
     "CACHE_KEY_LABEL",
     "CACHE_MOUNT_PATH",
