@@ -756,7 +756,10 @@ class EndpointPickerRef(_Model):
         description="Name of the EPP's Service, in the VLLMService's namespace.",
     )
     port: int = Field(
-        default=9002, ge=1, le=65535, description="The EPP Service's port serving ext_proc gRPC (the gateway's)."
+        default=9002,
+        ge=1,
+        le=65535,
+        description="The EPP Service's port serving ext_proc gRPC (the gateway's).",
     )
 
 

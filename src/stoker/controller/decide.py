@@ -44,8 +44,8 @@ from stoker.controller.ownership import (
 from stoker.predict.model import ModelFacts
 from stoker.render import (
     CACHE_KEY_LABEL,
-    INFERENCE_POOL_KIND,
     CLAIM_SIGNATURE_ANNOTATION,
+    INFERENCE_POOL_KIND,
     MODEL_FACTS_ANNOTATION,
     SEED_CLAIM_UID_ANNOTATION,
     SEEDED_KEY_ANNOTATION,

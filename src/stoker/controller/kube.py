@@ -209,6 +209,39 @@ class Kube:
             raise ResourceMissing(f"{plural}.{group}/{version}") from error
         return cast(Manifest, obj)
 
+    def endpoint_slices(self, namespace: str, label_selector: str) -> list[Manifest]:
+        """EndpointSlices (discovery.k8s.io/v1) of a Service, as plain JSON."""
+        response: Any = client.DiscoveryV1Api(self.api_client).list_namespaced_endpoint_slice(
+            namespace, label_selector=label_selector, _preload_content=False
+        )
+        items = json.loads(response.data).get("items")
+        return [item for item in items or [] if isinstance(item, dict)]
+
+    def scale_service_from_zero(self, namespace: str, name: str) -> Manifest | None:
+        """Set a VLLMService's replicas from 0 to 1 through its scale subresource, as an autoscaler does:
+        the Scale is replaced with the resourceVersion it was read at (409 if it changed since). Returns
+        the Scale as written (its metadata is the VLLMService's), None if replicas were not 0."""
+        scale = cast(
+            Manifest, self.custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, name)
+        )
+        if int((scale.get("spec") or {}).get("replicas") or 0) != 0:
+            return None
+        self._fenced()
+        body = {
+            "apiVersion": scale.get("apiVersion", "autoscaling/v1"),
+            "kind": "Scale",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": scale["metadata"]["resourceVersion"],
+            },
+            "spec": {"replicas": 1},
+        }
+        written = self.custom.replace_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, name, body, field_manager=self.field_manager
+        )
+        return cast(Manifest, written)
+
     def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete exactly the object that was read (uid precondition): never a look-alike made since."""
         self._fenced()

@@ -89,6 +89,13 @@ class OperatorSettings(BaseSettings):
         5.0, ge=0, description="A demoted pod leaves the Service this long before it is put to sleep."
     )
     standby_sleep_timeout_seconds: float = Field(300.0, gt=0, description="Bound on one /sleep call.")
+    scale_from_zero_period_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=300,
+        description="How often the queue of the endpoint picker is read for each VLLMService that sets"
+        " spec.inferencePool.scaleFromZero and runs zero replicas.",
+    )
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
     @model_validator(mode="after")
