@@ -431,6 +431,8 @@ def decide_status(
         miss,
         plan.seed_outcome == "failed",
     )
+    if snap.inference_pool_crd_missing is not None and not degraded.status:
+        degraded = inference_pool_crd_missing_condition(snap.inference_pool_crd_missing)
     rollout = Rollout(
         deployment_name(svc.name), desired, total, updated_replicas, ready_replicas, serving, rolled_out
     )
@@ -441,8 +443,6 @@ def decide_status(
         progressing_condition(plan.gate_closed, plan.seed_name, rollout),
         degraded,
     ]
-    if snap.inference_pool_crd_missing is not None and not degraded.status:
-        degraded = inference_pool_crd_missing_condition(snap.inference_pool_crd_missing)
     recording = recording_condition(startup.get("recording"))
     if recording is not None:
         conditions.append(recording)
