@@ -31,7 +31,7 @@ from stoker.api import VLLMService
 from stoker.render import PORT
 from stoker.render.inferencepool import build_inference_pool
 from tests.conftest import REPO, Cluster, Kubectl
-from tests.e2e.fleet import standby_service
+from tests.e2e.fleet import Fleet, settled, standby_service
 from tests.e2e.helpers import get_json, wait_for
 from tests.fakevllm import FakeEngine, FakeEngineServer
 
@@ -85,9 +85,17 @@ class Pick:
 class Gateway:
     """One EPP for one InferencePool, and ext_proc requests to it."""
 
-    def __init__(self, cluster: Cluster, bin_dir: Path, pool: str, namespace: str, log: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        bin_dir: Path,
+        pool: str,
+        namespace: str,
+        log: Path,
+        ports: tuple[int, int] | None = None,
+    ) -> None:
         self.bin_dir, self.pool, self.log = bin_dir, pool, log
-        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.grpc_port, self.metrics_port = ports or (free_port(), free_port())
         env = dict(
             cluster.env,
             EPP_GRPC_PORT=str(self.grpc_port),
@@ -304,3 +312,118 @@ def test_request_held_at_zero_replicas_is_answered_after_scale_from_zero(
     assert answered - woken < 3.0
     assert wait_for(lambda: gateway.metric(QUEUE_METRIC) == 0, timeout=5, what="an empty queue")
     assert held.returncode == 0
+
+
+def scaled_from_zero_events(kubectl: Kubectl, namespace: str) -> list[str]:
+    found = get_json(kubectl, "-n", namespace, "events", "--field-selector", "reason=ScaledFromZero")
+    return [event["message"] for event in (found or {"items": []})["items"]]
+
+
+def test_operator_keeps_the_pool_and_scales_from_zero_on_a_queued_request(
+    cluster: Cluster, kubectl: Kubectl, namespace: str, epp_bin: Path, operator: object, tmp_path: Path
+) -> None:
+    """stoker's own trigger, end to end: a VLLMService at zero replicas with one standby asleep and
+    spec.inferencePool; the operator creates the InferencePool; a request through the real EPP is held;
+    the operator reads the EPP's queue gauge, scales to 1, the sleeper wakes and joins the pool, and the
+    EPP dispatches the held request to it."""
+    name = "pool0"
+    grpc_port, metrics_port = free_port(), free_port()
+    # The EPP as it runs in a cluster: a pod behind a Service, whose EndpointSlice the operator reads for
+    # the EPP's address. Here the pod is a kwok pod whose IP is a local address, and the EPP process
+    # listens on all addresses, so the pod IP reaches it as it would reach the EPP's container; the
+    # Service's target ports are the process's.
+    epp_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "epp-0", "namespace": namespace, "labels": {"app": "pool0-epp"}},
+        "spec": {
+            "nodeSelector": {"type": "kwok"},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "epp", "image": "registry.k8s.io/gateway-api-inference-extension/epp"}],
+        },
+    }
+    epp_service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "pool0-epp", "namespace": namespace},
+        "spec": {
+            "selector": {"app": "pool0-epp"},
+            "ports": [
+                {"name": "grpc-ext-proc", "port": 9002, "targetPort": grpc_port},
+                {"name": "metrics", "port": 9090, "targetPort": metrics_port},
+            ],
+        },
+    }
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [epp_pod, epp_service]}),
+    )
+    manifest = standby_service(name, replicas=0)
+    manifest["metadata"]["namespace"] = namespace
+    manifest["spec"]["inferencePool"] = {
+        "endpointPicker": {"name": "pool0-epp", "port": 9002},
+        "scaleFromZero": {"metricsPort": metrics_port},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    svc = wait_for(lambda: get_json(kubectl, "-n", namespace, "vllmservice", name), what="the VLLMService")
+    pool = wait_for(
+        lambda: get_json(kubectl, "-n", namespace, "inferencepool", name), what="the operator's InferencePool"
+    )
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == svc["metadata"]["uid"]
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert selector[ROLE] == "active"
+    assert pool["spec"]["endpointPickerRef"]["name"] == "pool0-epp"
+
+    with Fleet(kubectl, namespace, name) as fleet:
+        wait_for(
+            lambda: settled(fleet, active=0, standby=1), timeout=60, what="0 active and 1 asleep standby"
+        )
+        (sleeper,) = fleet.by_role()["standby"]
+        assert fleet.engine(sleeper).sleeping
+        sleeper_ip = next(p["status"]["podIP"] for p in fleet.pods() if p["metadata"]["name"] == sleeper)
+        # The pool selects no pod while the only one sleeps.
+        matching = get_json(
+            kubectl, "-n", namespace, "pods", "-l", ",".join(f"{k}={v}" for k, v in selector.items())
+        )
+        assert (matching or {"items": []})["items"] == []
+
+        gateway = Gateway(cluster, epp_bin, name, namespace, tmp_path / "epp.log", (grpc_port, metrics_port))
+        try:
+
+            def serving() -> bool:
+                try:
+                    gateway.metric(QUEUE_METRIC)
+                    return True
+                except OSError:  # still starting
+                    return False
+
+            wait_for(serving, timeout=30, what="the EPP's metrics")
+            time.sleep(1.0)  # its pool synced (the EPP's informers)
+            sent = time.monotonic()
+            held = subprocess.Popen(gateway.client(timeout=60), stdout=subprocess.PIPE, text=True)
+            try:
+                out, _ = held.communicate(timeout=70)
+            finally:
+                if held.poll() is None:
+                    held.kill()
+                    held.wait()
+            answered = time.monotonic() - sent
+            print(f"\nEPP log (tail):\n{gateway.log_tail()}")
+        finally:
+            gateway.close()
+        pick = parse_pick(out)
+        print(f"\nanswered {answered:.3f} s after it was sent, held {pick.pick_seconds:.3f} s in the EPP")
+        assert pick.ip == sleeper_ip, pick
+        assert pick.forward_status == 200, pick
+        assert held.returncode == 0
+        assert sleeper in fleet.by_role()["active"]
+        assert not fleet.engine(sleeper).sleeping
+    svc = get_json(kubectl, "-n", namespace, "vllmservice", name) or {}
+    assert svc["spec"]["runtime"]["replicas"] == 1
+    assert svc["status"].get("inferencePool") == name
+    (message,) = scaled_from_zero_events(kubectl, namespace)
+    assert message.startswith("1 request waited in endpoint picker pool0-epp for InferencePool pool0"), (
+        message
+    )

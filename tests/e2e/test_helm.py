@@ -226,6 +226,11 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("resource.k8s.io", "resourceclaims")] == {"get", "list", "watch"}
     assert verbs[("stoker.dev", "vllmservices/status")] == {"get", "patch"}
     assert verbs[("stoker.dev", "vllmservices/finalizers")] == {"update"}
+    # spec.inferencePool: the pool (read per pass, never watched: its CRD may be missing), and scale from
+    # zero (the EPP Service's EndpointSlices, the scale subresource as an autoscaler uses it).
+    assert verbs[("inference.networking.k8s.io", "inferencepools")] == {"get", "create", "patch", "delete"}
+    assert verbs[("discovery.k8s.io", "endpointslices")] == {"list"}
+    assert verbs[("stoker.dev", "vllmservices/scale")] == {"get", "update"}
     for rule in rules:  # status and finalizers have rules of their own
         if any("/" in resource for resource in rule["resources"]):
             assert len(rule["resources"]) == 1, rule

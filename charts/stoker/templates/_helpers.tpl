@@ -113,6 +113,19 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list", "create", "patch"]
+# spec.inferencePool: the InferencePool is read with a GET per reconcile, not watched (its CRD may be
+# missing), and deleted when the spec drops it.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
+# spec.inferencePool.scaleFromZero: the EPP Service's ready addresses, for its queue gauge, and a scale
+# from 0 to 1 through the scale subresource, as an autoscaler.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list"]
+- apiGroups: ["stoker.dev"]
+  resources: ["vllmservices/scale"]
+  verbs: ["get", "update"]
 {{- end -}}
 
 {{/*

@@ -743,6 +743,54 @@ class ColdStartSpec(_Model):
     )
 
 
+# ------------------------------------------------------------------------------------ inference pool
+
+
+class EndpointPickerRef(_Model):
+    """The endpoint picker (EPP) of the Gateway API Inference Extension that routes this pool's requests."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=_DNS_1123_LABEL,
+        description="Name of the EPP's Service, in the VLLMService's namespace.",
+    )
+    port: int = Field(
+        default=9002,
+        ge=1,
+        le=65535,
+        description="The EPP Service's port serving ext_proc gRPC (the gateway's).",
+    )
+
+
+class ScaleFromZeroSpec(_Model):
+    """Scale from zero on queued requests: while runtime.replicas is 0, the operator reads the EPP's queue
+    gauge (inference_extension_flow_control_queue_size for this pool; the EPP must run with flow control on,
+    so that a request with no pod to go to waits instead of failing) and sets replicas to 1 as soon as a
+    request waits. It never scales down: an autoscaler (KEDA, HPA) or the user does."""
+
+    metrics_port: int = Field(
+        default=9090,
+        ge=1,
+        le=65535,
+        description="Port of the EPP's Prometheus metrics (`--metrics-port`), read on the ready addresses of"
+        " the EPP Service's EndpointSlices; served without authentication"
+        " (`--metrics-endpoint-auth=false`).",
+    )
+
+
+class InferencePoolSpec(_Model):
+    """An InferencePool (inference.networking.k8s.io/v1) of this VLLMService's serving pods, for a gateway
+    of the Gateway API Inference Extension. It has the VLLMService's name and selects the pods the Service
+    does: with standby replicas, only the awake ones. Needs the InferencePool CRD in the cluster."""
+
+    endpoint_picker: EndpointPickerRef = Field(description="The endpoint picker (EPP) the pool refers to.")
+    scale_from_zero: ScaleFromZeroSpec | None = Field(
+        default=None,
+        description="Scale from 0 to 1 replica when a request waits in the EPP's queue for this pool.",
+    )
+
+
 # ----------------------------------------------------------------------------------------------- pod
 
 
@@ -1027,6 +1075,12 @@ class VLLMServiceSpec(_Model):
         description="How the seed and serving pods fit the cluster: identity, image pulls, placement,"
         " priority, metadata, extra volumes. None enters the compile-cache key, so pin the GPU model with"
         " runtime.nodeSelector, not with affinity or a runtime class.",
+    )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description="Serve behind a gateway of the Gateway API Inference Extension: the operator keeps an"
+        " InferencePool of the serving pods that refers to the given endpoint picker, and optionally scales"
+        " from zero when a request waits for this pool.",
     )
 
     @model_validator(mode="after")
@@ -1359,6 +1413,10 @@ class VLLMServiceStatus(_StatusModel):
     cache: CacheStatus | None = Field(default=None, description="Compile-cache keys.")
     startup: StartupStatus | None = Field(default=None, description="Start-up timings per phase.")
     standby: StandbyStatus | None = Field(default=None, description="Standby pods and wakes.")
+    inference_pool: str | None = Field(
+        default=None,
+        description="The InferencePool the operator keeps for spec.inferencePool (deleted when it is unset).",
+    )
 
 
 # ------------------------------------------------------------------------------------------ resource

@@ -45,6 +45,7 @@ from stoker.predict.model import ModelFacts
 from stoker.render import (
     CACHE_KEY_LABEL,
     CLAIM_SIGNATURE_ANNOTATION,
+    INFERENCE_POOL_KIND,
     MODEL_FACTS_ANNOTATION,
     SEED_CLAIM_UID_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
@@ -65,7 +66,13 @@ Manifest = dict[str, Any]
 # Degraded reasons that are faults of a child or of the cluster, each worth a Warning Event when it starts
 # or changes (SeedFailed and CompileCacheMiss post their own).
 FAULT_REASONS = frozenset(
-    {"ApplyFailed", "VolumeProvisioningFailed", "PodCreationFailed", "StandbyBackoff"}
+    {
+        "ApplyFailed",
+        "VolumeProvisioningFailed",
+        "PodCreationFailed",
+        "StandbyBackoff",
+        "InferencePoolCRDMissing",
+    }
 ) | (STUCK_WAITING_REASONS)
 # How long serving replicas wait for the learning path to record a finished seed's run (its facts).
 SEED_RECORD_GRACE_SECONDS = 10.0
@@ -100,6 +107,11 @@ class Snapshot:
     field_manager: str
     programs_image: str  # the image the pods copy stoker's programs from
     now: str  # RFC 3339
+    # spec.inferencePool set and the cluster does not serve InferencePools: the resource, as `plural.group/
+    # version` (the pool is then neither read nor written).
+    inference_pool_crd_missing: str | None = None
+    # spec.inferencePool unset but status names a pool: that pool as read, to delete if stoker's.
+    stale_inference_pool: Manifest | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +247,8 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if gate_closed
         else snap.rendered
     )
+    if snap.inference_pool_crd_missing is not None:
+        rendered = [child for child in rendered if child["kind"] != INFERENCE_POOL_KIND]
     in_the_way += conflicts(
         uid,
         svc.name,
@@ -293,6 +307,9 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         ):
             continue
         plan.writes.append(ChildWrite(child, current, release_owner))
+    stale_pool = snap.stale_inference_pool
+    if stale_pool is not None and owned_by(stale_pool, uid):  # spec.inferencePool was unset
+        plan.deletions.append(stale_pool)
     plan.deletions += [
         job
         for job in snap.seed_jobs
@@ -414,6 +431,8 @@ def decide_status(
         miss,
         plan.seed_outcome == "failed",
     )
+    if snap.inference_pool_crd_missing is not None and not degraded.status:
+        degraded = inference_pool_crd_missing_condition(snap.inference_pool_crd_missing)
     rollout = Rollout(
         deployment_name(svc.name), desired, total, updated_replicas, ready_replicas, serving, rolled_out
     )
@@ -449,10 +468,27 @@ def decide_status(
         reused = _reused_model(plan.reused_facts)
         if reused is not None:
             new_status["startup"] = {**startup, "model": reused, "modelCacheKey": plan.short_key}
+    pool = outcome.children.get((INFERENCE_POOL_KIND, svc.name)) if svc.spec.inference_pool else None
+    new_status.pop("inferencePool", None)
+    if pool is not None:
+        new_status["inferencePool"] = pool["metadata"]["name"]
     if standby is not None:
         new_status["standbyReplicas"] = standby.asleep
         new_status["standby"] = _standby_document(standby, status)
     return StatusPlan(new_status, events, "waiting" if plan.gate_closed else "converged")
+
+
+def inference_pool_crd_missing_condition(resource: str) -> Condition:
+    """Degraded, naming the resource the cluster lacks and how to install it; the rest is served."""
+    return Condition(
+        "Degraded",
+        True,
+        "InferencePoolCRDMissing",
+        f"spec.inferencePool is set but the cluster does not serve {resource}: install the InferencePool"
+        " CRD of the Gateway API Inference Extension (kubectl apply -f https://github.com/kubernetes-sigs/"
+        "gateway-api-inference-extension/releases/download/v1.5.0/manifests.yaml); the pods and Service"
+        " are served meanwhile, the pool is created once the CRD is there",
+    )
 
 
 def blocked_status(body: Manifest, reason: str, message: str, now: str) -> StatusPlan:

@@ -50,6 +50,27 @@ def _parsed(response: Any) -> Manifest:
     return cast(Manifest, json.loads(response.data))
 
 
+class ResourceMissing(Exception):
+    """The API server does not serve this resource: its CRD is not installed."""
+
+
+def missing_object(error: ApiException, plural: str, name: str) -> bool:
+    """Whether a 404 says that the object is absent (a Status naming it), not its resource: an unknown
+    group answers `404 page not found` as text, an unknown resource of a known group a Status without
+    the object's name."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    return (
+        isinstance(details, dict)
+        and body.get("reason") == "NotFound"
+        and details.get("name") == name
+        and details.get("kind") == plural
+    )
+
+
 class LeaseLost(Exception):
     """This replica's term may have passed to another replica: it must write nothing more."""
 
@@ -172,6 +193,54 @@ class Kube:
             return _parsed(resource.get(name=name, namespace=namespace or None, serialize=False))
         except NotFoundError:
             return None
+
+    def get_custom(self, api_version: str, plural: str, namespace: str, name: str) -> Manifest | None:
+        """An object of a resource that may not be installed (a CRD of another project), without the
+        dynamic client, whose discovery reloads every API group on each miss. Raises ResourceMissing if
+        the API server does not serve the resource at all; None if only the object is absent."""
+        group, _, version = api_version.rpartition("/")
+        try:
+            obj = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            if missing_object(error, plural, name):
+                return None
+            raise ResourceMissing(f"{plural}.{group}/{version}") from error
+        return cast(Manifest, obj)
+
+    def endpoint_slices(self, namespace: str, label_selector: str) -> list[Manifest]:
+        """EndpointSlices (discovery.k8s.io/v1) of a Service, as plain JSON."""
+        response: Any = client.DiscoveryV1Api(self.api_client).list_namespaced_endpoint_slice(
+            namespace, label_selector=label_selector, _preload_content=False
+        )
+        items = json.loads(response.data).get("items")
+        return [item for item in items or [] if isinstance(item, dict)]
+
+    def scale_service_from_zero(self, namespace: str, name: str) -> Manifest | None:
+        """Set a VLLMService's replicas from 0 to 1 through its scale subresource, as an autoscaler does:
+        the Scale is replaced with the resourceVersion it was read at (409 if it changed since). Returns
+        the Scale as written (its metadata is the VLLMService's), None if replicas were not 0."""
+        scale = cast(
+            Manifest, self.custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, name)
+        )
+        if int((scale.get("spec") or {}).get("replicas") or 0) != 0:
+            return None
+        self._fenced()
+        body = {
+            "apiVersion": scale.get("apiVersion", "autoscaling/v1"),
+            "kind": "Scale",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": scale["metadata"]["resourceVersion"],
+            },
+            "spec": {"replicas": 1},
+        }
+        written = self.custom.replace_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, name, body, field_manager=self.field_manager
+        )
+        return cast(Manifest, written)
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete exactly the object that was read (uid precondition): never a look-alike made since."""

@@ -14,8 +14,9 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from pydantic import SecretStr, ValidationError
 
+from stoker.api import KIND
 from stoker.controller import cache as object_cache
-from stoker.controller import handlers
+from stoker.controller import handlers, scalefromzero
 from stoker.controller.cache import ObjectCache
 from stoker.controller.controlkey import ControlKeyError, ensure_control_key
 from stoker.controller.kube import Kube, load_config
@@ -60,10 +61,13 @@ def main(argv: list[str]) -> int:
         retry_max=settings.retry_max_seconds,
     )
     reconciler.others_waiting = queue.urgent_waiting
+    watched = scalefromzero.Watched(lambda namespace, name: cache.get(KIND, namespace, name))
+    from_zero = scalefromzero.ScaleFromZero(kube, watched.services, settings.scale_from_zero_period_seconds)
 
     def start_working() -> None:
         queue.start()
         startups.start()
+        from_zero.start()  # the leader's alone: it scales
 
     if settings.leader_election:
         leadership = Leadership(settings, start_working)
@@ -73,6 +77,7 @@ def main(argv: list[str]) -> int:
         start_working()
     object_cache.register(cache)  # before the handlers that queue work, so a pass finds what woke it
     handlers.register(queue, startups.queue)
+    scalefromzero.register(watched)
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)
     prometheus_client.start_http_server(settings.metrics_port, addr=str(settings.metrics_bind_address))
@@ -98,4 +103,5 @@ def main(argv: list[str]) -> int:
     finally:
         queue.stop()
         startups.stop()
+        from_zero.stop()
     return 0

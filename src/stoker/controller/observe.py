@@ -8,6 +8,7 @@ pods (once they had time to get going).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 
 from stoker.api import KIND, VLLMService
@@ -15,11 +16,14 @@ from stoker.controller.cache import ObjectCache, labels_match
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.decide import Snapshot, job_outcome
 from stoker.controller.diagnose import worth_a_closer_look
-from stoker.controller.kube import Kube, Manifest
+from stoker.controller.kube import Kube, Manifest, ResourceMissing
 from stoker.controller.ownership import created_by_deployment
 from stoker.render import (
     COMPONENT_LABEL,
     COMPONENT_SEED,
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
     deployment_name,
     render_children,
     seed_job_name,
@@ -45,9 +49,15 @@ class Observer:
         namespace, name = str(svc.namespace), svc.name
         children: dict[tuple[str, str], Manifest | None] = {}
         rendered = render_children(svc, control_token=control_token, programs_image=self.programs_image)
+        pool_crd_missing: str | None = None
         for child in rendered:
             kind, child_name = child["kind"], child["metadata"]["name"]
-            if kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
+            if kind == INFERENCE_POOL_KIND:
+                try:
+                    children[(kind, child_name)] = self._inference_pool(namespace, child_name)
+                except ResourceMissing as missing:
+                    pool_crd_missing = str(missing)
+            elif kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
                 children[(kind, child_name)] = self._child(child["apiVersion"], kind, namespace, child_name)
         seed_jobs = self.cache.of_instance(
             "Job", namespace, name, labels_match({COMPONENT_LABEL: COMPONENT_SEED})
@@ -87,6 +97,11 @@ class Observer:
             job_events = self.kube.events_about(
                 namespace, f"involvedObject.uid={seed_job['metadata']['uid']}"
             )
+        stale_pool = None
+        kept_pool = (body.get("status") or {}).get("inferencePool")
+        if svc.spec.inference_pool is None and isinstance(kept_pool, str) and kept_pool:
+            with contextlib.suppress(ResourceMissing):  # the CRD went, and the pool with it
+                stale_pool = self._inference_pool(namespace, kept_pool)
         return Snapshot(
             body=body,
             svc=svc,
@@ -102,7 +117,15 @@ class Observer:
             field_manager=self.field_manager,
             programs_image=self.programs_image,
             now=now_rfc3339(),
+            inference_pool_crd_missing=pool_crd_missing,
+            stale_inference_pool=stale_pool,
         )
+
+    def _inference_pool(self, namespace: str, name: str) -> Manifest | None:
+        """An InferencePool, read with a GET: its CRD may be missing, and kopf would watch a missing
+        resource in vain, so the pools are not watched (only services that set spec.inferencePool read
+        theirs, once per pass). Raises ResourceMissing without the CRD."""
+        return self.kube.get_custom(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_PLURAL, namespace, name)
 
     def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         """The child from the watch cache; an unlabelled object of its name is read, as it is in the way."""

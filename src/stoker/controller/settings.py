@@ -95,6 +95,13 @@ class OperatorSettings(BaseSettings):
         description="The memory of a GPU shared through coldStart.standby.sharedGpu, for the part sleeping"
         " engines keep (about 1.5 GiB each): a smaller figure than the device has is the safe side.",
     )
+    scale_from_zero_period_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=300,
+        description="How often the queue of the endpoint picker is read for each VLLMService that sets"
+        " spec.inferencePool.scaleFromZero and runs zero replicas.",
+    )
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
     @model_validator(mode="after")

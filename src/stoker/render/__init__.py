@@ -12,6 +12,13 @@ from stoker.render.engine import (
     key_relevant_args,
     model_string,
 )
+from stoker.render.inferencepool import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    build_inference_pool,
+    inference_pool_name,
+)
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     CACHE_KEY_LABEL,
@@ -52,6 +59,9 @@ __all__ = [
     "COMPONENT_SERVER",
     "GPU_SHARE_CLAIM",
     "GPU_SHARE_GATE",
+    "INFERENCE_POOL_API_VERSION",
+    "INFERENCE_POOL_KIND",
+    "INFERENCE_POOL_PLURAL",
     "INSTANCE_LABEL",
     "MODEL_FACTS_ANNOTATION",
     "PORT",
@@ -63,6 +73,7 @@ __all__ = [
     "Role",
     "build_cache_pvc",
     "build_deployment",
+    "build_inference_pool",
     "build_model_pvc",
     "build_seed_job",
     "build_service",
@@ -72,6 +83,7 @@ __all__ = [
     "common_labels",
     "deployment_name",
     "engine_invocation",
+    "inference_pool_name",
     "key_relevant_args",
     "model_pvc_name",
     "model_string",

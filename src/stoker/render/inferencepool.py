@@ -20,6 +20,8 @@ from stoker.render.names import (
 )
 
 INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+INFERENCE_POOL_KIND = "InferencePool"
+INFERENCE_POOL_PLURAL = "inferencepools"
 # What the gateway does when the EPP cannot be reached: refuse the request rather than route around the
 # picker (which knows which pods are asleep).
 EPP_FAILURE_MODE = "FailClose"
@@ -39,7 +41,7 @@ def build_inference_pool(svc: VLLMService, endpoint_picker_name: str, endpoint_p
     labels = common_labels(svc.name, COMPONENT_SERVER)
     return {
         "apiVersion": INFERENCE_POOL_API_VERSION,
-        "kind": "InferencePool",
+        "kind": INFERENCE_POOL_KIND,
         "metadata": object_meta(svc, inference_pool_name(svc.name), labels),
         "spec": {
             "selector": {"matchLabels": serving_selector_labels(svc)},
