@@ -221,12 +221,12 @@ class Kube:
         """Set a VLLMService's replicas from 0 to 1 through its scale subresource, as an autoscaler does:
         the Scale is replaced with the resourceVersion it was read at (409 if it changed since). Returns
         the Scale as written (its metadata is the VLLMService's), None if replicas were not 0."""
+        self._fenced()
         scale = cast(
             Manifest, self.custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, name)
         )
         if int((scale.get("spec") or {}).get("replicas") or 0) != 0:
             return None
-        self._fenced()
         body = {
             "apiVersion": scale.get("apiVersion", "autoscaling/v1"),
             "kind": "Scale",
