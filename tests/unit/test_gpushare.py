@@ -8,7 +8,13 @@ import pytest
 
 from fakevllm import FakeEngine, FakeEngineServer
 from stoker.standby import EngineControl, EngineControlError
-from stoker.standby.gpushare import SLEEPING_ENGINE_GIB, SharedEngine, plan_memory, wake_on_shared_gpu
+from stoker.standby.gpushare import (
+    SLEEPING_ENGINE_GIB,
+    SharedEngine,
+    device_lock,
+    plan_memory,
+    wake_on_shared_gpu,
+)
 
 T0 = dt.datetime(2026, 11, 26, tzinfo=dt.UTC)
 H200_GIB = 140.0
@@ -88,6 +94,25 @@ def test_the_wake_asks_the_engines_sleeps_the_awake_one_then_serves(
     assert result.served_seconds >= result.timing.served_seconds
     paths = servers["awake"].engine.paths()
     assert paths.index(("GET", "/is_sleeping")) < paths.index(("POST", "/sleep"))
+
+
+def test_a_caller_holding_the_devices_lock_may_wake_under_it(
+    engines_on_one_gpu: dict[str, FakeEngineServer],
+) -> None:
+    # The operator reads the engines on the device under its lock, then wakes: the lock is taken again.
+    servers = engines_on_one_gpu
+    with device_lock("ns/held"):
+        result = wake_on_shared_gpu(
+            "ns/held",
+            H200_GIB,
+            engine("target", 0.3, False, wanted=True),
+            [],
+            lambda e: EngineControl(servers[e.name].url, "t"),
+            "model",
+            level=1,
+            timeout=10,
+        )
+    assert result.timing is not None and not servers["target"].engine.sleeping
 
 
 def test_no_wake_when_the_memory_is_held_by_engines_that_serve(

@@ -166,6 +166,7 @@ class StandbyPool:
         # Pods whose gate this operator lifted, until the watch shows them Ready: the cache may not show the
         # lift yet, and one engine starts at a time per shared GPU. (namespace, pod) -> time.monotonic()
         self._lifted: dict[tuple[str, str], float] = {}
+        self._lifted_guard = threading.Lock()  # the reconcile workers of several claims share it
         if settings.control_key is not None:
             self.key = settings.control_key.get_secret_value()
         else:
@@ -256,7 +257,6 @@ class StandbyPool:
 
         shared = standby.shared_gpu
         claim = shared.resource_claim_name if shared is not None else None
-        on_device = self._pods_on_claim(namespace, claim) if claim is not None else []
         waiting: str | None = None
 
         needed = plan.shortage
@@ -267,9 +267,9 @@ class StandbyPool:
                 if claim is None:
                     timing = engine(pod).wake(served_model_name(svc), standby.wake_timeout_seconds)
                 else:
-                    woken = self._wake_shared(body, svc, namespace, claim, pod, on_device, token)
-                    if woken is None:
-                        waiting = self._waiting_for_gpu(body, namespace, claim, pod.name, on_device)
+                    woken = self._wake_shared(body, svc, namespace, claim, pod, token)
+                    if isinstance(woken, str):
+                        waiting = woken
                         hold(SHARED_GPU_RECHECK_SECONDS)
                         break
                     timing = woken
@@ -375,7 +375,8 @@ class StandbyPool:
         controls: dict[str, EngineControl | None] = {}
         for pod, owner in on_device:
             name = pod["metadata"]["name"]
-            if name == target or gated(pod) or pod["metadata"].get("deletionTimestamp"):
+            lifted = (namespace, name) in self._lifted
+            if name == target or (gated(pod) and not lifted) or pod["metadata"].get("deletionTimestamp"):
                 continue
             engines.append(shared_engine(pod))
             address = (pod.get("status") or {}).get("podIP")
@@ -384,22 +385,14 @@ class StandbyPool:
         return engines, controls
 
     def _wake_shared(
-        self,
-        body: Manifest,
-        svc: VLLMService,
-        namespace: str,
-        claim: str,
-        pod: ServingPod,
-        on_device: list[tuple[Manifest, Manifest]],
-        token: str,
-    ) -> WakeTiming | None:
+        self, body: Manifest, svc: VLLMService, namespace: str, claim: str, pod: ServingPod, token: str
+    ) -> WakeTiming | str:
         """Wake `pod` on its shared GPU, first putting to sleep the engines whose services no longer want
-        them; None when the memory is held by engines that serve (nothing was done)."""
+        them; when engines that serve hold the memory, nothing is done and the reason is returned. The
+        engines on the device are read under its lock, so no start or other wake slips in between."""
         standby = svc.spec.cold_start.standby
         assert standby is not None
-        neighbours, controls = self._neighbours(namespace, pod.name, on_device)
-        controls[pod.name] = EngineControl(f"http://{pod.address}:{PORT}", token)
-        share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod.name), 0.0)
+        device, gib = f"{namespace}/{claim}", self.settings.shared_gpu_memory_gib
 
         def slept(engine: SharedEngine, seconds: float) -> None:
             self.kube.patch_pod_metadata(namespace, engine.name, {}, {ASLEEP_ANNOTATION: now_rfc3339()})
@@ -411,32 +404,26 @@ class StandbyPool:
                 f" for pod {pod.name} on the GPU of ResourceClaim {claim}",
             )
 
-        result = wake_on_shared_gpu(
-            f"{namespace}/{claim}",
-            self.settings.shared_gpu_memory_gib,
-            SharedEngine(pod.name, share, False, True, pod.created),
-            neighbours,
-            lambda engine: controls.get(engine.name),
-            served_model_name(svc),
-            standby.level,
-            standby.wake_timeout_seconds,
-            on_slept=slept,
-        )
-        return result.timing
-
-    def _waiting_for_gpu(
-        self,
-        body: Manifest,
-        namespace: str,
-        claim: str,
-        pod: str,
-        on_device: list[tuple[Manifest, Manifest]],
-    ) -> str:
-        neighbours, _ = self._neighbours(namespace, pod, on_device)
-        share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod), 0.0)
-        target = SharedEngine(pod, share, False, True, dt.datetime.now(dt.UTC))
-        gib = self.settings.shared_gpu_memory_gib
-        message = plan_memory(neighbours, target, gib).describe(pod, gib)
+        with device_lock(device):
+            on_device = self._pods_on_claim(namespace, claim)
+            neighbours, controls = self._neighbours(namespace, pod.name, on_device)
+            controls[pod.name] = EngineControl(f"http://{pod.address}:{PORT}", token)
+            share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod.name), 0.0)
+            target = SharedEngine(pod.name, share, False, True, pod.created)
+            result = wake_on_shared_gpu(
+                device,
+                gib,
+                target,
+                neighbours,
+                lambda engine: controls.get(engine.name),
+                served_model_name(svc),
+                standby.level,
+                standby.wake_timeout_seconds,
+                on_slept=slept,
+            )
+        if result.timing is not None:
+            return result.timing
+        message = result.plan.describe(pod.name, gib)
         self.kube.post_event(body, "WaitingForGPU", f"{message} (ResourceClaim {claim})", warning=True)
         return message
 
@@ -459,8 +446,12 @@ class StandbyPool:
         candidate = waiting_pods[0]
         name = candidate["metadata"]["name"]
         with device_lock(f"{namespace}/{claim}"):
-            on_device = self._pods_on_claim(namespace, claim)
             now = time.monotonic()
+            # Pods lifted long ago and never seen Ready (deleted, say) are forgotten.
+            with self._lifted_guard:
+                for key in [key for key, at in self._lifted.items() if now - at > STARTING_AT_MOST_SECONDS]:
+                    del self._lifted[key]
+            on_device = self._pods_on_claim(namespace, claim)
             starting = [
                 pod["metadata"]["name"]
                 for pod, _ in on_device
@@ -483,7 +474,8 @@ class StandbyPool:
             self.kube.patch_json(
                 "v1", "Pod", namespace, name, [{"op": "remove", "path": "/spec/schedulingGates"}]
             )
-            self._lifted[(namespace, name)] = now
+            with self._lifted_guard:
+                self._lifted[(namespace, name)] = now
         self.kube.post_event(
             body,
             "StartingOnSharedGpu",

@@ -73,14 +73,15 @@ def plan_memory(engines: Iterable[SharedEngine], target: SharedEngine, device_gi
     return MemoryPlan(fits=False, blocked_by=tuple(e for e in others if e.holds_memory and e.wanted))
 
 
-_device_locks: dict[str, threading.Lock] = {}
+_device_locks: dict[str, threading.RLock] = {}
 _device_locks_guard = threading.Lock()
 
 
-def device_lock(device: str) -> threading.Lock:
-    """One lock per shared GPU: wakes, sleeps that make room, and starts on it happen one at a time."""
+def device_lock(device: str) -> threading.RLock:
+    """One lock per shared GPU: wakes, sleeps that make room, and starts on it happen one at a time. The
+    same caller may hold it again, to read the engines on the device before deciding."""
     with _device_locks_guard:
-        return _device_locks.setdefault(device, threading.Lock())
+        return _device_locks.setdefault(device, threading.RLock())
 
 
 def ask_engines(
