@@ -45,16 +45,20 @@ def test_a_new_pod_is_gated_and_names_the_claim() -> None:
     assert not gated(pod)
 
 
-def test_the_share_is_the_rendered_gpu_memory_utilization_or_vllms_default() -> None:
-    assert gpu_share(pod_of(shared_service(0.3))) == 0.3
-    assert gpu_share(pod_of(shared_service(None))) == VLLM_DEFAULT_GPU_SHARE
+def as_served(svc: VLLMService) -> dict[str, Any]:
+    return svc.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def test_the_share_is_the_specs_gpu_memory_utilization_or_vllms_default() -> None:
+    assert gpu_share(as_served(shared_service(0.3))) == 0.3
+    assert gpu_share(as_served(shared_service(None))) == VLLM_DEFAULT_GPU_SHARE
 
 
 def test_an_engine_holds_its_share_until_the_operator_saw_it_asleep() -> None:
     svc = shared_service()
-    starting = shared_engine(pod_of(svc, ready=False))
+    starting = shared_engine(pod_of(svc, ready=False), gpu_share(as_served(svc)))
     assert starting.holds_memory and starting.wanted and starting.share == 0.3
     asleep = pod_of(svc, **{ASLEEP_ANNOTATION: "2026-11-26T10:01:00Z"})
     asleep["metadata"]["labels"][ROLE_LABEL] = ROLE_STANDBY
-    engine = shared_engine(asleep)
+    engine = shared_engine(asleep, gpu_share(as_served(svc)))
     assert not engine.holds_memory and not engine.wanted

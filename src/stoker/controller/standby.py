@@ -9,7 +9,6 @@ asked whether it is, and slept again if not.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import logging
 import secrets
 import threading
@@ -60,7 +59,6 @@ log = logging.getLogger(__name__)
 IS_SLEEPING_TIMEOUT_SECONDS = 5.0
 # vLLM's own default share when a pod's command does not set --gpu-memory-utilization.
 VLLM_DEFAULT_GPU_SHARE = 0.9
-GPU_SHARE_FLAG = "--gpu-memory-utilization"
 # While an engine waits for room on a shared GPU: its service is looked at again this soon (another
 # service's scale-down, which makes the room, does not touch this one's objects).
 SHARED_GPU_RECHECK_SECONDS = 2.0
@@ -119,30 +117,26 @@ def gated(pod: Manifest) -> bool:
     return any(gate.get("name") == GPU_SHARE_GATE for gate in pod["spec"].get("schedulingGates") or [])
 
 
-def gpu_share(pod: Manifest) -> float:
-    """The fraction of its GPU the pod's engine holds awake: its --gpu-memory-utilization."""
-    args = list(pod["spec"]["containers"][0].get("args") or [])
-    for flag, value in itertools.pairwise(args):
-        if flag == GPU_SHARE_FLAG:
-            try:
-                return float(value)
-            except ValueError:
-                break
-    return VLLM_DEFAULT_GPU_SHARE
+def gpu_share(service: Manifest) -> float:
+    """The fraction of its GPU each engine of a VLLMService (as the API serves it) holds awake: its
+    runtime.gpuMemoryUtilization, rendered as the engine's flag, else vLLM's default. Read from the spec, not
+    from the pods' arguments, whose flag spelling is the engine profile's to know."""
+    share = ((service.get("spec") or {}).get("runtime") or {}).get("gpuMemoryUtilization")
+    return float(share) if isinstance(share, int | float) else VLLM_DEFAULT_GPU_SHARE
 
 
 def claims_of(pod: Manifest) -> set[str]:
     return {claim.get("resourceClaimName") for claim in pod["spec"].get("resourceClaims") or []} - {None}
 
 
-def shared_engine(pod: Manifest) -> SharedEngine:
-    """An ungated pod on a shared GPU as the planner sees it: it holds its share unless the operator saw it
-    fall asleep (the engines are asked again before a wake)."""
+def shared_engine(pod: Manifest, share: float) -> SharedEngine:
+    """An ungated pod on a shared GPU as the planner sees it: it holds its `share` unless the operator saw
+    it fall asleep (the engines are asked again before a wake)."""
     meta = pod["metadata"]
     asleep = ASLEEP_ANNOTATION in (meta.get("annotations") or {}) and pod_is_ready(pod)
     return SharedEngine(
         name=meta["name"],
-        share=gpu_share(pod),
+        share=share,
         holds_memory=not asleep,
         wanted=(meta.get("labels") or {}).get(ROLE_LABEL, ROLE_ACTIVE) == ROLE_ACTIVE,
         since=parse_time(meta.get("creationTimestamp")) or dt.datetime.now(dt.UTC),
@@ -378,7 +372,7 @@ class StandbyPool:
             lifted = (namespace, name) in self._lifted
             if name == target or (gated(pod) and not lifted) or pod["metadata"].get("deletionTimestamp"):
                 continue
-            engines.append(shared_engine(pod))
+            engines.append(shared_engine(pod, gpu_share(owner)))
             address = (pod.get("status") or {}).get("podIP")
             token = control_token(self.key, str(owner["metadata"]["uid"]))
             controls[name] = EngineControl(f"http://{address}:{PORT}", token) if address else None
@@ -408,8 +402,7 @@ class StandbyPool:
             on_device = self._pods_on_claim(namespace, claim)
             neighbours, controls = self._neighbours(namespace, pod.name, on_device)
             controls[pod.name] = EngineControl(f"http://{pod.address}:{PORT}", token)
-            share = next((gpu_share(p) for p, _ in on_device if p["metadata"]["name"] == pod.name), 0.0)
-            target = SharedEngine(pod.name, share, False, True, pod.created)
+            target = SharedEngine(pod.name, gpu_share(body), False, True, pod.created)
             result = wake_on_shared_gpu(
                 device,
                 gib,
@@ -462,7 +455,7 @@ class StandbyPool:
                 after = ", ".join(sorted(starting))
                 return f"pod {name} starts after {after} on the GPU of ResourceClaim {claim}"
             neighbours, _ = self._neighbours(namespace, name, on_device)
-            target = SharedEngine(name, gpu_share(candidate), False, True, dt.datetime.now(dt.UTC))
+            target = SharedEngine(name, gpu_share(body), False, True, dt.datetime.now(dt.UTC))
             gib = self.settings.shared_gpu_memory_gib
             room = plan_memory(neighbours, target, gib)
             if not room.fits or room.sleep_first:
@@ -502,7 +495,7 @@ class StandbyPool:
         for pod, owner in self._pods_on_claim(namespace, claim):
             if gated(pod) and (namespace, pod["metadata"]["name"]) not in self._lifted:
                 continue
-            engine = shared_engine(pod)
+            engine = shared_engine(pod, gpu_share(owner))
             engines.append(
                 {
                     "pod": engine.name,
