@@ -59,6 +59,7 @@ from harness import (
 )
 from profiles import (
     DEFAULT_PROFILE,
+    VARIANTS,
     Invocation,
     load_service,
     seed_invocation,
@@ -82,9 +83,8 @@ SEED = "stoker-seed"
 PLAN_OVERRIDE = HOME / "bench-plan.json"
 # Rough durations for the time budget, replaced by the longest one seen (plus a margin).
 ESTIMATE_S = {"stock": 110.0, SEED: 130.0}
-# Started on a node stoker warmed (harness.warm_node): `stock-warm` is stock there, `stoker-warm` the default.
+# Stock started on a node stoker warmed (harness.warm_node); stoker's warmed profiles say so (Variant.warm_node).
 STOCK_WARM = "stock-warm"
-WARM_NODE_PROFILES = frozenset({STOCK_WARM, "stoker-warm"})
 
 
 def run(
@@ -246,25 +246,28 @@ def warm_node_of(svc: VLLMService, snapshot: Path) -> tuple[str, str]:
     return f"{MODEL_SOURCE_MOUNT_PATH}{svc.spec.model.source.pvc.path}", str(snapshot / listing)
 
 
-def seeds_of(svc: VLLMService, names: list[str]) -> dict[str, Invocation]:
-    """The seeds to run, by name: `stoker-seed` (the default's), which every profile with the default's
-    cache key restores, and `stoker-seed-<profile>` for a profile whose spec moves the key."""
+def seeds_of(svc: VLLMService, names: list[str]) -> tuple[dict[str, Invocation], dict[str, str]]:
+    """The seeds to run, by name, and each profile's seed: `stoker-seed` (the default's), which every profile
+    with the default's cache key restores, and `stoker-seed-<profile>` for the first profile of each other
+    key, which the later profiles of that key restore too."""
     seeds = {SEED: seed_invocation(svc)}
-    default_key = seed_key(svc, DEFAULT_PROFILE)
+    seed_of_key = {seed_key(svc, DEFAULT_PROFILE): SEED}
+    seed_of_profile = {}
     for name in names:
-        if name != STOCK_WARM and seed_key(svc, name) != default_key:
-            seeds[f"{SEED}-{name}"] = seed_invocation(svc, name)
-    return seeds
-
-
-def seed_of(name: str, seeds: dict[str, Invocation]) -> str:
-    return f"{SEED}-{name}" if f"{SEED}-{name}" in seeds else SEED
+        if name in ("stock", STOCK_WARM):
+            continue
+        key = seed_key(svc, name)
+        if key not in seed_of_key:
+            seed_of_key[key] = f"{SEED}-{name}"
+            seeds[seed_of_key[key]] = seed_invocation(svc, name)
+        seed_of_profile[name] = seed_of_key[key]
+    return seeds, seed_of_profile
 
 
 def profiles(args: argparse.Namespace, out: Path) -> None:
     svc = load_service(args.manifest)
     names, repetitions = args.profiles.split(","), args.repetitions
-    seeds = seeds_of(svc, names)
+    seeds, seed_of = seeds_of(svc, names)
     budget = Budget(args.stop_after, ESTIMATE_S)
     # The runs every repetition needs; a lever runs only if the later repetitions' required runs still fit.
     kept = [DEFAULT_PROFILE, *(name for name in args.required.split(",") if name and name != DEFAULT_PROFILE)]
@@ -284,10 +287,11 @@ def profiles(args: argparse.Namespace, out: Path) -> None:
                     shutil.copytree(seed.cache_mount_path, SEED_SNAPSHOTS / seed_name, symlinks=True)
         # Required profiles first, so that a lever cut short by the budget leaves them measured.
         for name in sorted(names, key=lambda name: name not in kept):
-            snapshot = SEED_SNAPSHOTS / seed_of(name, seeds)
+            snapshot = SEED_SNAPSHOTS / seed_of.get(name, SEED)
             if snapshot.exists():
                 reserve = [] if name in kept else required * (repetitions - rep)
-                warm = warm_node_of(svc, snapshot) if name in WARM_NODE_PROFILES else None
+                warm_node = name == STOCK_WARM or (name in VARIANTS and VARIANTS[name].warm_node)
+                warm = warm_node_of(svc, snapshot) if warm_node else None
                 if name == STOCK_WARM:
                     run(name, rep, stock_invocation(svc), out, budget, "stock", reserve, warm=warm)
                 else:

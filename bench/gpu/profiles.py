@@ -59,10 +59,13 @@ class Variant:
     defer_gc: bool = True
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
+    # Started on a node stoker warmed (coldstart.py: harness.warm_node, what the node warmer keeps resident).
+    warm_node: bool = False
     note: str = ""
 
 
 LOADER_KEYS = ("format", "concurrency", "readAhead")
+MEGA_AOT = {"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "1"}]}}
 
 
 def _previous_with(**changes: Any) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def _previous_with(**changes: Any) -> dict[str, Any]:
 # VLLM_WORKER_MULTIPROC_METHOD, and compilation mode 0 neither reads nor needs a compile cache.
 VARIANTS: dict[str, Variant] = {
     DEFAULT_PROFILE: Variant(note="exactly what the operator renders"),
-    "stoker-warm": Variant(note="exactly what the operator renders, on a node stoker warmed (coldstart.py)"),
+    "stoker-warm": Variant(warm_node=True, note="exactly what the operator renders, on a node stoker warmed"),
     "stoker-previous": Variant(spec=PREVIOUS, note="what the operator rendered before 2026-11-23"),
     "stoker-readahead": Variant(
         spec=_previous_with(readAhead=True),
@@ -137,13 +140,14 @@ VARIANTS: dict[str, Variant] = {
     ),
     # vLLM 0.26 on torch 2.11 leaves the mega AOT artifact off (on by default from torch 2.12): one artifact
     # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
-    # Measured on 0.26.0 (bench/results/coldstart-h100-v0.26.0-gentle-run1.json): torch.compile 0.4-0.8 s
-    # instead of 6-7.7 s, but ~11 s more between graph capture and "Kernel JIT monitor activated" (0.5 s
-    # otherwise: the V2 runner's kernel warm-up and Inductor's once-per-process lazy init run there; which
-    # of them took it was not established): no gain.
-    "stoker-mega-aot": Variant(
-        spec={"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "1"}]}},
-        note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 on its own seed and serving start",
+    # Measured on 0.26.0 before the seed gathered its Triton kernels into TRITON_CACHE_DIR
+    # (bench/results/coldstart-h100-v0.26.0-gentle-run1.json): torch.compile 0.4-0.8 s instead of 6-7.7 s,
+    # but ~11 s more between graph capture and "Kernel JIT monitor activated": the V2 runner's kernel
+    # warm-up JIT-compiled its Triton kernels again, since a start that loads the artifact keeps
+    # TRITON_CACHE_DIR while the seed's compile had moved it under the compile cache (render/seed.py).
+    "stoker-mega-aot": Variant(spec=MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 (its own seed)"),
+    "stoker-mega-aot-warm": Variant(
+        spec=MEGA_AOT, warm_node=True, note="stoker-mega-aot on a node stoker warmed"
     ),
     "stoker-spawn": Variant(
         env=SPAWN,
