@@ -83,7 +83,7 @@ SEED = "stoker-seed"
 PLAN_OVERRIDE = HOME / "bench-plan.json"
 # Rough durations for the time budget, replaced by the longest one seen (plus a margin).
 ESTIMATE_S = {"stock": 110.0, SEED: 130.0}
-# Stock started on a node stoker warmed (harness.warm_node); stoker's warmed profiles say so (Variant.warm_node).
+# Stock started on a node stoker warmed (harness.warm_node); stoker's say so in Variant.warm_node.
 STOCK_WARM = "stock-warm"
 
 

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -198,16 +199,53 @@ class Server:
         self.pumper.join(5)
 
 
+# Where the sampled starts' sitecustomize registers faulthandler on SIGUSR1.
+STACKS_SITE = Path(__file__).resolve().parent / "stacks"
+ENGINE_PID = re.compile(r"\(EngineCore pid=(\d+)\)")
+
+
+class StackSampler:
+    """Between two log lines (vLLM's own), sends SIGUSR1 to the engine process every `period` seconds, so
+    that its threads' stacks land in the log: what a stretch no log line explains spends its time on."""
+
+    def __init__(self, after: str, until: str, period: float = 0.5, longest: float = 40.0) -> None:
+        self.after, self.until, self.period, self.longest = after, until, period, longest
+        self.engine_pid: int | None = None
+        self.done = threading.Event()
+
+    def see(self, line: str) -> None:
+        found = ENGINE_PID.search(line)
+        if found and self.engine_pid is None:
+            self.engine_pid = int(found.group(1))
+        if self.after in line and self.engine_pid is not None:
+            threading.Thread(target=self._sample, args=(self.engine_pid,), daemon=True).start()
+        elif self.until in line:
+            self.done.set()
+
+    def _sample(self, pid: int) -> None:
+        deadline = time.monotonic() + self.longest
+        while not self.done.wait(self.period) and time.monotonic() < deadline:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                return
+
+
 def start_server(log_path: Path, inv: Invocation) -> Server:
     """Start `inv` and wait for /health (ready_seconds None if it never answered)."""
     base = f"http://127.0.0.1:{inv.port}"
     log = log_path.open("w")
+    env = {**host_env(), **inv.env}
+    sampler = None
+    if inv.stack_samples:
+        env["PYTHONPATH"] = ":".join(filter(None, [str(STACKS_SITE), env.get("PYTHONPATH")]))
+        sampler = StackSampler(after="Graph capturing finished", until="Kernel JIT monitor activated")
     t0 = time.monotonic()
     process = subprocess.Popen(
         inv.argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**host_env(), **inv.env},
+        env=env,
         text=True,
         start_new_session=True,
         bufsize=1,
@@ -220,6 +258,8 @@ def start_server(log_path: Path, inv: Invocation) -> Server:
             for line in process.stdout:
                 log.write(f"[{time.monotonic() - t0:9.3f}] {line}")
                 log.flush()
+                if sampler is not None:
+                    sampler.see(line)
 
     pumper = threading.Thread(target=pump, daemon=True)
     pumper.start()

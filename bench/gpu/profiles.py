@@ -61,6 +61,8 @@ class Variant:
     sleep_check: bool = False
     # Started on a node stoker warmed (coldstart.py: harness.warm_node, what the node warmer keeps resident).
     warm_node: bool = False
+    # The engine's stacks sampled into the log after graph capture (harness.StackSampler).
+    stack_samples: bool = False
     note: str = ""
 
 
@@ -140,14 +142,17 @@ VARIANTS: dict[str, Variant] = {
     ),
     # vLLM 0.26 on torch 2.11 leaves the mega AOT artifact off (on by default from torch 2.12): one artifact
     # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
-    # Measured on 0.26.0 before the seed gathered its Triton kernels into TRITON_CACHE_DIR
-    # (bench/results/coldstart-h100-v0.26.0-gentle-run1.json): torch.compile 0.4-0.8 s instead of 6-7.7 s,
-    # but ~11 s more between graph capture and "Kernel JIT monitor activated": the V2 runner's kernel
-    # warm-up JIT-compiled its Triton kernels again, since a start that loads the artifact keeps
-    # TRITON_CACHE_DIR while the seed's compile had moved it under the compile cache (render/seed.py).
+    # Measured on 0.26.0 (bench/results/coldstart-h100-v0.26.0-gentle-run1.json, and on an H200 on
+    # 2026-11-27): torch.compile 0.4-0.8 s instead of 5.4-7.7 s, but 11-14 s more between graph capture and
+    # "Kernel JIT monitor activated" (0.5-0.8 s otherwise), where the V2 runner warms its kernels up.
     "stoker-mega-aot": Variant(spec=MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 (its own seed)"),
     "stoker-mega-aot-warm": Variant(
         spec=MEGA_AOT, warm_node=True, note="stoker-mega-aot on a node stoker warmed"
+    ),
+    "stoker-mega-aot-stacks": Variant(
+        spec=MEGA_AOT,
+        stack_samples=True,
+        note="stoker-mega-aot with the engine's stacks sampled every 0.5 s after graph capture",
     ),
     "stoker-spawn": Variant(
         env=SPAWN,
@@ -178,6 +183,7 @@ class Invocation:
     served_model_name: str
     cache_mount_path: str | None
     sleep_check: bool = False
+    stack_samples: bool = False
     # The seed Job's wrapper stops the server itself (after one warm-up completion) and exits.
     exits_by_itself: bool = False
 
@@ -243,6 +249,7 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
         served_model_name=served or svc.spec.model.name,
         cache_mount_path=rendered.cache_mount_path,
         sleep_check=variant.sleep_check,
+        stack_samples=variant.stack_samples,
     )
 
 

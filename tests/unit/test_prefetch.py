@@ -328,22 +328,3 @@ sys.exit(3)
     recorded = [line.rsplit(" ", 2) for line in listing.read_text().splitlines()]
     assert [str(module), "0", str(module.stat().st_size)] in recorded
     assert not [path for path, _, _ in recorded if path.endswith("unused_module.py")]
-
-
-def test_the_seed_gathers_the_kernels_a_compile_left_under_the_compile_cache(tmp_path: Path) -> None:
-    from stoker.inpod.seed import gather_triton_kernels
-
-    compile_cache, triton_cache = tmp_path / "torch_compile_cache", tmp_path / "triton"
-    moved = compile_cache / "e0b8b4ed86" / "rank_0_0" / "triton_cache"
-    for kernel in ("AAAA", "BBBB"):
-        (moved / kernel).mkdir(parents=True)
-        (moved / kernel / "kernel.cubin").write_bytes(kernel.encode())
-    (triton_cache / "AAAA").mkdir(parents=True)  # already there from an earlier seed: kept as it is
-    (triton_cache / "AAAA" / "kernel.cubin").write_bytes(b"kept")
-    (moved / "stray-file").write_text("not a kernel directory")
-    (moved / "elsewhere").symlink_to(tmp_path)  # a link in the tree is not followed
-    assert gather_triton_kernels(str(compile_cache), str(triton_cache)) == 1
-    assert sorted(path.name for path in triton_cache.iterdir()) == ["AAAA", "BBBB"]
-    assert (triton_cache / "BBBB" / "kernel.cubin").read_bytes() == b"BBBB"
-    assert (triton_cache / "AAAA" / "kernel.cubin").read_bytes() == b"kept"
-    assert gather_triton_kernels(str(compile_cache), str(triton_cache)) == 0

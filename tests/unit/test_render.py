@@ -208,9 +208,8 @@ def test_seed_job_and_serving_pods_share_image_env_and_mounts(changes: dict[str,
     # The seed runs the very same command line, wrapped so that the Job ends once /health answers.
     # It records the pages its server read before the engine process, for the serving pods' read-ahead.
     assert seed["command"] == ["python3", "-m", "stoker.inpod.seed"]
-    wrapper = seed["args"][: seed["args"].index("--") + 1]
-    assert wrapper[:2] == ["--pages", import_pages_listing(svc)]
-    assert key_relevant_args(seed["args"][len(wrapper) :], svc.spec.runtime.engine_profile) == serve[
+    assert seed["args"][:3] == ["--pages", import_pages_listing(svc), "--"]
+    assert key_relevant_args(seed["args"][3:], svc.spec.runtime.engine_profile) == serve[
         "command"
     ] + key_relevant_args(serve["args"], svc.spec.runtime.engine_profile)
     assert seed_pod["spec"]["restartPolicy"] == "Never"
@@ -450,17 +449,3 @@ def test_children_share_no_mutable_objects() -> None:
                 walk(child)
 
     walk(children)
-
-
-@pytest.mark.parametrize(("version", "gathers"), [("0.26.0", True), ("0.31.0", False)])
-def test_the_seed_gathers_triton_kernels_where_vllm_moves_them_on_a_compile(version: str, gathers: bool) -> None:
-    # Before 0.31 a compile moves TRITON_CACHE_DIR under the compile cache and an AOT load does not, so the
-    # seed copies the kernels back to where serving pods that load the artifact look (render/seed.py).
-    svc = service(**{"runtime.engineVersion": version})
-    seed = engine_container(by_kind(render_children(svc))["Job"]["spec"]["template"])
-    wrapper = seed["args"][: seed["args"].index("--")]
-    assert ("--gather-triton-cache" in wrapper) is gathers
-    if gathers:
-        at = wrapper.index("--gather-triton-cache")
-        assert wrapper[at + 1 : at + 3] == ["/var/cache/vllm/torch_compile_cache", "/var/cache/vllm/triton"]
-        assert {"name": "TRITON_CACHE_DIR", "value": "/var/cache/vllm/triton"} in seed["env"]

@@ -11,22 +11,14 @@ cache; once the server starts its engine process (its imports are done), the pag
 the server mapped that are in the page cache are written to LISTING, which serving pods read first
 (`python3 -m stoker.inpod.read_ahead --pages LISTING`). Whatever the seed passes by it says on stdout, one
 line each behind `stoker-seed:`.
-
-With --gather-triton-cache COMPILE_CACHE TRITON_CACHE, once the server has stopped, the Triton kernels vLLM
-compiled into the per-compile `triton_cache` directories under COMPILE_CACHE are copied into TRITON_CACHE (the
-pods' TRITON_CACHE_DIR). vLLM before 0.31 moves TRITON_CACHE_DIR there when it compiles, but not when it
-loads an AOT artifact: a serving pod that loads one looks in TRITON_CACHE_DIR and would JIT-compile every
-kernel of its warm-up again.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import glob
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -145,28 +137,6 @@ def warm_up(port: str, model: str) -> None:
         print(f"{LINE_PREFIX}warm-up completion failed ({error}); the cache is seeded anyway", flush=True)
 
 
-def gather_triton_kernels(compile_cache: str, triton_cache: str) -> int:
-    """Copy each kernel directory of `compile_cache`/*/rank_*/triton_cache into `triton_cache` where it is not
-    there yet; returns how many. Triton names a kernel's directory by the hash of its source and options,
-    so a directory of that name already holds the same kernel."""
-    gathered = 0
-    pattern = os.path.join(glob.escape(compile_cache), "*", "rank_*", "triton_cache")
-    for kernels in glob.glob(pattern):
-        if os.path.islink(kernels):
-            continue
-        with os.scandir(kernels) as entries:
-            for entry in entries:
-                target = os.path.join(triton_cache, entry.name)
-                if not entry.is_dir(follow_symlinks=False) or os.path.lexists(target):
-                    continue
-                os.makedirs(triton_cache, exist_ok=True)
-                partial = f"{target}.part-{os.getpid()}"
-                shutil.copytree(entry.path, partial, symlinks=True)
-                os.replace(partial, target)
-                gathered += 1
-    return gathered
-
-
 def parser() -> argparse.ArgumentParser:
     described = program_parser("stoker.inpod.seed", __doc__, "%(prog)s --pages LISTING -- COMMAND...")
     described.add_argument(
@@ -175,21 +145,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="LISTING",
         help="where to write the pages the server's imports read (a file on the cache volume)",
     )
-    described.add_argument(
-        "--gather-triton-cache",
-        nargs=2,
-        metavar=("COMPILE_CACHE", "TRITON_CACHE"),
-        help="after the server stops, copy the Triton kernels under COMPILE_CACHE/*/rank_*/triton_cache into "
-        "TRITON_CACHE",
-    )
     return described
 
 
 def main(argv: list[str] | None = None) -> int:
     options, command = options_and_command(sys.argv[1:] if argv is None else argv)
     described = parser()
-    parsed = described.parse_args(options)
-    listing = parsed.pages
+    listing = described.parse_args(options).pages
     if not command:
         described.error("no COMMAND after --")
     port = flag_value(command, PORT_FLAG) or VLLM_DEFAULT_PORT
@@ -231,13 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         server.wait(timeout=120)
     except subprocess.TimeoutExpired:
         server.kill()
-    if parsed.gather_triton_cache:
-        compile_cache, triton_cache = parsed.gather_triton_cache
-        try:
-            gathered = gather_triton_kernels(compile_cache, triton_cache)
-            print(f"{LINE_PREFIX}gathered {gathered} Triton kernels into {triton_cache}", flush=True)
-        except OSError as error:
-            print(f"{LINE_PREFIX}no Triton kernels gathered ({error!r:.300})", flush=True)
     return 0
 
 

@@ -95,10 +95,6 @@ def reads_ahead(svc: VLLMService) -> bool:
     return wanted and weights_from_volume(svc)
 
 
-# Where Triton keeps its compiled kernels; the seed gathers them there (render/seed.py).
-TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
-
-
 def engine_env(svc: VLLMService) -> dict[str, str]:
     profile = svc.spec.runtime.engine_profile
     env = {
@@ -107,7 +103,7 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # must not depend on HOME.
         "VLLM_ASSETS_CACHE": f"{CACHE_MOUNT_PATH}/assets",
         # JIT caches outside VLLM_CACHE_ROOT: measured, losing them costs every new pod about 10 s.
-        TRITON_CACHE_DIR: f"{CACHE_MOUNT_PATH}/triton",
+        "TRITON_CACHE_DIR": f"{CACHE_MOUNT_PATH}/triton",
         "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT_PATH}/inductor",
         "FLASHINFER_WORKSPACE_BASE": f"{CACHE_MOUNT_PATH}/flashinfer",
         # vLLM before 0.28 hashes these two paths into its compile-cache key and defaults them from HOME, so

@@ -7,7 +7,7 @@ import dataclasses
 from stoker.api import VLLMService
 from stoker.inpod import seed as seed_program
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
-from stoker.render.engine import TRITON_CACHE_DIR, EngineInvocation, engine_invocation
+from stoker.render.engine import EngineInvocation, engine_invocation
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     COMPONENT_SEED,
@@ -20,8 +20,6 @@ from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
 from stoker.render.prefetch import import_pages_listing
 
 SEED_BACKOFF_LIMIT = 1
-# vLLM's compile caches under VLLM_CACHE_ROOT (the same name in every supported release).
-COMPILE_CACHE_DIRECTORY = "torch_compile_cache"
 SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
 
 
@@ -41,18 +39,9 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     coldstart-h100-v0.26.0-pages*.json): 1.7 GB recorded, the serving pods' imports 2.3-3.7 s shorter (means
     of three runs). Pages that other processes on the node keep mapped stay cached and are listed too; the
     others of the image's files are read from the disk by whatever on the node next needs them.
-
-    Where the release moves TRITON_CACHE_DIR under the compile cache when it compiles (before 0.31), the
-    wrapper copies the kernels back into TRITON_CACHE_DIR once the server stops: a serving pod that loads
-    the mega AOT artifact keeps TRITON_CACHE_DIR and would otherwise JIT-compile the kernel warm-up's
-    kernels again after graph capture (~11 s on an H100, bench/results/coldstart-h100-v0.26.0-gentle-run1).
     """
     engine = engine_invocation(svc, "seed")
-    recorded = ["--pages", import_pages_listing(svc)]
-    if not svc.spec.runtime.engine_profile.capabilities.keeps_triton_cache_dir:
-        compile_cache = f"{engine.cache_mount_path}/{COMPILE_CACHE_DIRECTORY}"
-        recorded += ["--gather-triton-cache", compile_cache, engine.env[TRITON_CACHE_DIR]]
-    recorded.append("--")
+    recorded = ["--pages", import_pages_listing(svc), "--"]
     return dataclasses.replace(
         engine, command=["python3", "-m", seed_program.__name__], args=[*recorded, *engine.argv]
     )
