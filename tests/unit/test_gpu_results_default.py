@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Run 4 (`coldstart-h100`), its confirmation on another host (run 5), and the H200 run with a warmed node.
 RESULTS = [
     REPO / "bench" / "results" / f"{name}.json"
-    for name in ("coldstart-h100", "coldstart-h100-run5", "coldstart-h200")
+    for name in ("coldstart-h100", "coldstart-h100-run5", "coldstart-h200-run1", "coldstart-h200")
 ]
 MANIFEST = REPO / "bench" / "gpu" / "llama-8b.json"
 
