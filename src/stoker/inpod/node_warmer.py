@@ -184,6 +184,7 @@ class Warmer:
         self.lock = threading.Lock()
         self.state: str | None = None
         self.resident = self.wanted = self.read_total = 0
+        self.evicted = False  # the files' pages dropped since the agent began to yield
         self.stopped = threading.Event()
 
     def measure(self) -> tuple[list[Range], list[str], list[Range], int]:
@@ -208,11 +209,13 @@ class Warmer:
         decision = decide(
             size(wanted), size(missing), self.budget, memory_available(), self.reserve, memory_pressure()
         )
-        was = self.state
         self.publish(decision.state, resident, size(wanted))  # before a read, which may take minutes
-        if decision.evict and was != "yielding":
+        if decision.evict and not self.evicted:
+            # Once on entering the state: dropping pages again each round would also drop those that a
+            # replica starting meanwhile reads.
             evict_pages(files)
             wanted, files, missing, resident = self.measure()
+        self.evicted = decision.evict
         if decision.read_bytes:
             self.read(within(missing, decision.read_bytes))
             wanted, files, missing, resident = self.measure()
