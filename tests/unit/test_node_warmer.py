@@ -304,8 +304,8 @@ def test_the_agent_warms_rewarms_after_an_eviction_and_yields_under_pressure(
     states = [
         json.loads(line.split(": ", 1)[1]) for line in lines if line.startswith("stoker-node-warmer: {")
     ]
-    assert states[0]["state"] == "warming" and states[0]["residentBytes"] == 0
-    assert {"state": "warm", "residentBytes": wanted, "wantedBytes": wanted, "budgetBytes": GiB} in states
+    # A first read of less than 512 MiB is done before the first line: warm at once.
+    assert states[0] == {"state": "warm", "residentBytes": wanted, "wantedBytes": wanted, "budgetBytes": GiB}
     skips = [line for line in lines if not line.startswith("stoker-node-warmer: {")]
     assert sorted(skips) == [
         f"stoker-node-warmer: skipped {checkpoint}/fifo.safetensors: a FIFO, not a regular file",
