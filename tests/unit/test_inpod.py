@@ -24,7 +24,7 @@ from tests.unit.test_render_standby import service as standby_service
 
 PACKAGE = Path(stoker.__file__).parent
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
-PROGRAMS = ["read_ahead", "seed", "download"]
+PROGRAMS = ["read_ahead", "seed", "download", "node_warmer"]
 SHIPPED = sorted(
     [
         "stoker/__init__.py",
