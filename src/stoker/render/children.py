@@ -30,10 +30,10 @@ def render_children(
     """Control Secret, PVCs, seed Job, Deployment, Service, with `warming` (the operator's decision for
     coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, and with spec.inferencePool
     the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
-    overrides the Deployment's replicas (the controller passes 0 while a gated seed runs); `control_token` is the
-    operator's (see render.control): without it, as in `stoker render`, a standby service's Secret is
-    left out. The pods copy their programs from `programs_image` (the operator's own image, by default of
-    this version)."""
+    overrides the Deployment's replicas (the controller passes 0 while a gated seed runs);
+    `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
+    service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
+    image, by default of this version)."""
     children: list[Json] = []
     if svc.spec.cold_start.standby is not None and control_token is not None:
         children.append(build_control_secret(svc, control_token))
