@@ -92,6 +92,10 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# coldStart.nodeWarming: the warmer DaemonSet, deleted when warming is skipped or turned off.
+- apiGroups: ["apps"]
+  resources: ["daemonsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

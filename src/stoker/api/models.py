@@ -717,6 +717,22 @@ class StandbySpec(_Model):
     )
 
 
+class NodeWarmingSpec(_Model):
+    """Keep this service's checkpoint and the seed's import pages in the page cache of every node its
+    replicas can land on (runtime.nodeSelector, pod.affinity's required node affinity), through a
+    DaemonSet `<name>-node-warmer` running the serving image, so that a new replica there reads its weights
+    from memory and pulls no image. Within the operator's per-node budget (STOKER_NODE_WARMING_BUDGET_GIB),
+    shared by every warming service in creation order; needs weights on a volume (a pvc source or
+    coldStart.modelCache). The NodeWarming condition says what is warm, or why warming is skipped."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Warm the nodes the replicas can land on: the checkpoint and the import pages stay in"
+        " their page cache (host memory, charged as page cache to the warmer pods; given back under memory"
+        " pressure), and the serving image stays pulled there.",
+    )
+
+
 class ColdStartSpec(_Model):
     """What makes a replica start fast: weight loading, caches, CUDA graphs, seeding and standby."""
 
@@ -740,6 +756,11 @@ class ColdStartSpec(_Model):
         default=None,
         description="Sleeping standby replicas. Setting it (even with replicas 0) adds --enable-sleep-mode,"
         " which is part of the compile-cache key, to the seed and every pod.",
+    )
+    node_warming: NodeWarmingSpec = Field(
+        default_factory=NodeWarmingSpec,
+        description="Keep the checkpoint in the page cache of the nodes the replicas can land on"
+        " (docs/concepts/node-warming.md). Not part of the cache key.",
     )
 
 
@@ -1397,6 +1418,35 @@ class StandbyStatus(_StatusModel):
     )
 
 
+class WarmNode(_StatusModel):
+    """A node the warmer runs on, and whether everything wanted is resident there."""
+
+    node: str = Field(description="Node name.")
+    warm: bool = Field(description="The warmer pod there is Ready: the checkpoint is in its page cache.")
+
+
+# Nodes listed in status.nodeWarming at most (the counts cover them all).
+WARM_NODES_LISTED = 100
+
+
+class NodeWarmingStatus(_StatusModel):
+    """coldStart.nodeWarming: what is wanted in each node's page cache and where it is resident."""
+
+    wanted_bytes: int | None = Field(
+        default=None,
+        description="Bytes kept in each node's page cache: the checkpoint (the seed's facts) plus the"
+        " import pages.",
+    )
+    budget_bytes: int = Field(description="The per-node budget shared by every warming service.")
+    desired_nodes: int = Field(default=0, description="Nodes the warmer DaemonSet runs on.")
+    warm_nodes: int = Field(default=0, description="Of those, nodes where everything wanted is resident.")
+    nodes: list[WarmNode] = Field(
+        default_factory=list,
+        max_length=WARM_NODES_LISTED,
+        description=f"The warmer's nodes (the first {WARM_NODES_LISTED} by name).",
+    )
+
+
 class VLLMServiceStatus(_StatusModel):
     """What the operator observed; written through the status subresource."""
 
@@ -1416,6 +1466,9 @@ class VLLMServiceStatus(_StatusModel):
     inference_pool: str | None = Field(
         default=None,
         description="The InferencePool the operator keeps for spec.inferencePool (deleted when it is unset).",
+    )
+    node_warming: NodeWarmingStatus | None = Field(
+        default=None, description="With coldStart.nodeWarming: what is wanted and where it is warm."
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import kopf
 
 from stoker.api import GROUP, KIND, PLURAL, VERSION
+from stoker.controller.warming import Node, node_of
 from stoker.render import INSTANCE_LABEL
 
 Manifest = dict[str, Any]
@@ -32,6 +33,7 @@ MANAGED = {"app.kubernetes.io/managed-by": "stoker"}
 # The kinds stoker creates, as kopf names their resources: (group, version, plural, kind).
 CHILD_RESOURCES = (
     ("apps", "v1", "deployments", "Deployment"),
+    ("apps", "v1", "daemonsets", "DaemonSet"),
     ("batch", "v1", "jobs", "Job"),
     ("", "v1", "pods", "Pod"),
     ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
@@ -77,6 +79,10 @@ class ObjectCache:
         # Every object of the kinds stoker creates, labelled or not (kopf watches them whole anyway): a
         # child's name taken by something else is known without a GET before each create.
         self._taken: set[CacheKey] = set()
+        # VLLMServices with coldStart.nodeWarming enabled, which share the per-node budget.
+        self._warming: set[tuple[str, str]] = set()
+        # Every Node, as the warming planner reads it (name, labels, allocatable memory; not the rest).
+        self._nodes: dict[str, Node] = {}
 
     def observe(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
         """A watch event: the object as the server has it now, or its deletion."""
@@ -89,9 +95,15 @@ class ObjectCache:
             if deleted:
                 if held is not None and held.uid == meta.get("uid"):
                     self._forget(key, held)
+                    self._warming.discard(key[1:])
                 return
             if held is not None:
                 self._forget(key, held)
+            if kind == KIND:
+                if _warms(obj):
+                    self._warming.add(key[1:])
+                else:
+                    self._warming.discard(key[1:])
             held = self._objects[key] = _Held.of(obj)
             if held.instance:
                 self._by_instance.setdefault((kind, key[1], held.instance), set()).add(key[2])
@@ -128,6 +140,24 @@ class ObjectCache:
             held = [h for (k, ns, _), h in self._objects.items() if k == kind and ns == namespace]
         return [h.parsed() for h in held]
 
+    def warming_services(self) -> list[Manifest]:
+        """Every VLLMService with coldStart.nodeWarming enabled, in any namespace."""
+        with self._guard:
+            held = [self._objects.get((KIND, *key)) for key in self._warming]
+        return [h.parsed() for h in held if h is not None]
+
+    def observe_node(self, obj: Manifest, deleted: bool = False) -> None:
+        name = obj["metadata"]["name"]
+        with self._guard:
+            if deleted:
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = node_of(obj)
+
+    def nodes(self) -> list[Node]:
+        with self._guard:
+            return list(self._nodes.values())
+
     def name_taken(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
         """A watch event of any object of a kind stoker creates: only whether its name is taken."""
         meta = obj["metadata"]
@@ -162,11 +192,21 @@ def register(cache: ObjectCache) -> None:
         return note
 
     kopf.on.event(GROUP, VERSION, PLURAL, id="cache")(keeper(KIND))
+
+    @kopf.on.event("v1", "nodes", id="cache")
+    async def node(type: str | None, body: kopf.Body, **_: Any) -> None:
+        cache.observe_node(dict(body), deleted=type == "DELETED")
+
     for group, version, plural, kind in CHILD_RESOURCES:
         resource = (group, version, plural) if group else (version, plural)
         kopf.on.event(*resource, labels=MANAGED, id="cache")(keeper(kind))
         if kind != "Pod":  # stoker creates no pod itself
             kopf.on.event(*resource, id="names")(names(kind))
+
+
+def _warms(service: Manifest) -> bool:
+    cold_start = (service.get("spec") or {}).get("coldStart") or {}
+    return (cold_start.get("nodeWarming") or {}).get("enabled") is True
 
 
 def labels_match(selector: Mapping[str, str]) -> Callable[[Manifest], bool]:

@@ -8,8 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.controller.diagnose import Problem
+from stoker.controller.warming import Verdict, Warmth, gib
 
-CONDITION_TYPES = ("Ready", "Available", "CacheSeeded", "Progressing", "Degraded", "StartupRecorded")
+CONDITION_TYPES = (
+    "Ready",
+    "Available",
+    "CacheSeeded",
+    "Progressing",
+    "Degraded",
+    "StartupRecorded",
+    "NodeWarming",
+)
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,31 @@ def degraded_condition(
         return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
     return Condition(
         "Degraded", False, "AsExpected", "Children applied; no fault seen in pods, Jobs or volumes"
+    )
+
+
+def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
+    """coldStart.nodeWarming: Warm once every node's warmer is Ready, else Warming, else why it is
+    skipped (the planner's reason and message, controller/warming.py)."""
+    if verdict.warming is None:
+        return Condition("NodeWarming", False, verdict.reason, verdict.message)
+    wanted = verdict.warming.wanted_bytes
+    size = (
+        f"{gib(wanted)} ({wanted} bytes) per node, within the per-node budget of {gib(verdict.budget_bytes)}"
+    )
+    if warmth.done:
+        return Condition(
+            "NodeWarming",
+            True,
+            "Warm",
+            f"Resident on all {warmth.desired} nodes the replicas can land on: {size}",
+        )
+    return Condition(
+        "NodeWarming",
+        False,
+        "Warming",
+        f"{warmth.warm}/{warmth.desired} nodes warm (DaemonSet {warmth.daemonset or 'not created yet'}):"
+        f" {size}",
     )
 
 

@@ -24,6 +24,7 @@ from stoker.controller.conditions import (
     cache_seeded_condition,
     degraded_condition,
     merge_conditions,
+    node_warming_condition,
     progressing_condition,
     ready_condition,
     recording_condition,
@@ -41,6 +42,7 @@ from stoker.controller.ownership import (
     seeded_signature,
     stokers,
 )
+from stoker.controller.warming import Verdict, node_warmth
 from stoker.predict.model import ModelFacts
 from stoker.render import (
     CACHE_KEY_LABEL,
@@ -53,6 +55,7 @@ from stoker.render import (
     cache_key,
     cache_pvc_name,
     deployment_name,
+    node_warmer_name,
     pod_count,
     render_children,
     seed_job_name,
@@ -112,6 +115,12 @@ class Snapshot:
     inference_pool_crd_missing: str | None = None
     # spec.inferencePool unset but status names a pool: that pool as read, to delete if stoker's.
     stale_inference_pool: Manifest | None = None
+    # coldStart.nodeWarming enabled: whether this service warms its nodes, or why not (controller/warming.py).
+    warming: Verdict | None = None
+    # The live node warmer DaemonSet, if the watch cache has one of this service (also when not rendered:
+    # stoker deletes its own once warming is skipped or off), and its pods.
+    node_warmer: Manifest | None = None
+    warmer_pods: list[Manifest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -242,7 +251,11 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     )
     rendered = (
         render_children(
-            svc, serving_replicas=0, control_token=snap.control_token, programs_image=snap.programs_image
+            svc,
+            serving_replicas=0,
+            control_token=snap.control_token,
+            programs_image=snap.programs_image,
+            warming=snap.warming.warming if snap.warming is not None else None,
         )
         if gate_closed
         else snap.rendered
@@ -310,6 +323,14 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     stale_pool = snap.stale_inference_pool
     if stale_pool is not None and owned_by(stale_pool, uid):  # spec.inferencePool was unset
         plan.deletions.append(stale_pool)
+    warmer = snap.node_warmer
+    if (
+        warmer is not None
+        and owned_by(warmer, uid)
+        and ("DaemonSet", warmer["metadata"]["name"])
+        not in {(c["kind"], c["metadata"]["name"]) for c in rendered}
+    ):
+        plan.deletions.append(warmer)  # warming skipped or turned off
     plan.deletions += [
         job
         for job in snap.seed_jobs
@@ -446,6 +467,11 @@ def decide_status(
     recording = recording_condition(startup.get("recording"))
     if recording is not None:
         conditions.append(recording)
+    warmth = None
+    if snap.warming is not None:
+        warmer = outcome.children.get(("DaemonSet", node_warmer_name(svc.name)))
+        warmth = node_warmth(snap.warming, warmer, snap.warmer_pods)
+        conditions.append(node_warming_condition(snap.warming, warmth))
     events: list[Event] = []  # plan.events are the children's, posted when they were written
     if plan.seed_outcome == "failed" and _reason(status, "CacheSeeded") != "SeedFailed":
         events.append(Event("SeedFailed", f"Seed job {plan.seed_name} failed; replicas start cold", True))
@@ -475,6 +501,9 @@ def decide_status(
     if standby is not None:
         new_status["standbyReplicas"] = standby.asleep
         new_status["standby"] = _standby_document(standby, status)
+    new_status.pop("nodeWarming", None)
+    if warmth is not None:
+        new_status["nodeWarming"] = warmth.document
     return StatusPlan(new_status, events, "waiting" if plan.gate_closed else "converged")
 
 

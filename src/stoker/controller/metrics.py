@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -72,6 +73,18 @@ STARTUP_UNTIL_SERVING_SECONDS = Gauge(
     ["namespace", "name"],
 )
 
+NODE_WARMING_WANTED_BYTES = Gauge(
+    "stoker_node_warming_wanted_bytes",
+    "Bytes a VLLMService with coldStart.nodeWarming keeps in the page cache of each of its nodes (the"
+    " checkpoint and the import pages), as in status.nodeWarming.wantedBytes.",
+    ["namespace", "service"],
+)
+NODE_WARMING_NODES = Gauge(
+    "stoker_node_warming_nodes",
+    "Nodes of a VLLMService's node warmer by state: warm (everything wanted resident) or cold.",
+    ["namespace", "service", "state"],
+)
+
 # The phases each gauge has a series of, per VLLMService, so that phases that stop applying (and the
 # object, once deleted) lose their series.
 _PER_SERVICE_GAUGES = (STARTUP_EXPECTED_SECONDS, STARTUP_OBSERVED_SECONDS)
@@ -102,7 +115,30 @@ def set_until_serving_seconds(service: tuple[str, str], seconds: float | None) -
         STARTUP_UNTIL_SERVING_SECONDS.remove(*service)
 
 
+def set_node_warming(service: tuple[str, str], document: dict[str, Any] | None) -> None:
+    """One VLLMService's node warming series from its status.nodeWarming; none without it."""
+    if document is None:
+        for gauge, labels in (
+            (NODE_WARMING_WANTED_BYTES, [service]),
+            (NODE_WARMING_NODES, [(*service, "warm"), (*service, "cold")]),
+        ):
+            for values in labels:
+                with contextlib.suppress(KeyError):  # none was set
+                    gauge.remove(*values)
+        return
+    wanted = document.get("wantedBytes")
+    if wanted is not None:
+        NODE_WARMING_WANTED_BYTES.labels(*service).set(wanted)
+    else:
+        with contextlib.suppress(KeyError):
+            NODE_WARMING_WANTED_BYTES.remove(*service)
+    warm, desired = int(document.get("warmNodes") or 0), int(document.get("desiredNodes") or 0)
+    NODE_WARMING_NODES.labels(*service, "warm").set(warm)
+    NODE_WARMING_NODES.labels(*service, "cold").set(max(0, desired - warm))
+
+
 def forget_service(namespace: str, name: str) -> None:
     for gauge in _PER_SERVICE_GAUGES:
         set_startup_seconds(gauge, (namespace, name), {})
     set_until_serving_seconds((namespace, name), None)
+    set_node_warming((namespace, name), None)

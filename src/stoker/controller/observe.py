@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 
+from pydantic import ValidationError
+
 from stoker.api import KIND, VLLMService
 from stoker.controller.cache import ObjectCache, labels_match
 from stoker.controller.conditions import now_rfc3339
@@ -18,6 +20,7 @@ from stoker.controller.decide import Snapshot, job_outcome
 from stoker.controller.diagnose import worth_a_closer_look
 from stoker.controller.kube import Kube, Manifest, ResourceMissing
 from stoker.controller.ownership import created_by_deployment
+from stoker.controller.warming import Verdict, candidate, plan_warming
 from stoker.render import (
     COMPONENT_LABEL,
     COMPONENT_SEED,
@@ -25,20 +28,32 @@ from stoker.render import (
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_PLURAL,
     deployment_name,
+    node_warmer_name,
     render_children,
     seed_job_name,
     short_cache_key,
 )
+from stoker.render.nodewarmer import node_warmer_selector_labels
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 class Observer:
-    def __init__(self, kube: Kube, cache: ObjectCache, field_manager: str, programs_image: str) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        cache: ObjectCache,
+        field_manager: str,
+        programs_image: str,
+        warming_budget: int = 0,
+        warming_reserve: int = 0,
+    ) -> None:
         self.kube = kube
         self.cache = cache
         self.field_manager = field_manager
         self.programs_image = programs_image
+        self.warming_budget = warming_budget  # per node, bytes (coldStart.nodeWarming)
+        self.warming_reserve = warming_reserve
 
     def service(self, namespace: str, name: str) -> Manifest | None:
         return self.cache.get(KIND, namespace, name)
@@ -48,7 +63,13 @@ class Observer:
     ) -> Snapshot:
         namespace, name = str(svc.namespace), svc.name
         children: dict[tuple[str, str], Manifest | None] = {}
-        rendered = render_children(svc, control_token=control_token, programs_image=self.programs_image)
+        warming = self._warming(svc) if svc.spec.cold_start.node_warming.enabled else None
+        rendered = render_children(
+            svc,
+            control_token=control_token,
+            programs_image=self.programs_image,
+            warming=warming.warming if warming is not None else None,
+        )
         pool_crd_missing: str | None = None
         for child in rendered:
             kind, child_name = child["kind"], child["metadata"]["name"]
@@ -102,6 +123,12 @@ class Observer:
         if svc.spec.inference_pool is None and isinstance(kept_pool, str) and kept_pool:
             with contextlib.suppress(ResourceMissing):  # the CRD went, and the pool with it
                 stale_pool = self._inference_pool(namespace, kept_pool)
+        warmer = self.cache.get("DaemonSet", namespace, node_warmer_name(name))
+        warmer_pods = (
+            self.cache.of_instance("Pod", namespace, name, labels_match(node_warmer_selector_labels(name)))
+            if warmer is not None
+            else []
+        )
         return Snapshot(
             body=body,
             svc=svc,
@@ -119,7 +146,26 @@ class Observer:
             now=now_rfc3339(),
             inference_pool_crd_missing=pool_crd_missing,
             stale_inference_pool=stale_pool,
+            warming=warming,
+            node_warmer=warmer,
+            warmer_pods=warmer_pods,
         )
+
+    def _warming(self, svc: VLLMService) -> Verdict:
+        """This service's share of the per-node budget, planned with every warming service the cache holds
+        (this one as observed now)."""
+        key = (str(svc.namespace), svc.name)
+        candidates = [candidate(svc)]
+        for body in self.cache.warming_services():
+            meta = body["metadata"]
+            if (meta.get("namespace"), meta.get("name")) == key:
+                continue
+            try:
+                candidates.append(candidate(VLLMService.model_validate(body)))
+            except (ValidationError, ValueError):
+                continue  # an invalid spec runs nothing, so it warms nothing
+        verdicts = plan_warming(candidates, self.cache.nodes(), self.warming_budget, self.warming_reserve)
+        return verdicts[key]
 
     def _inference_pool(self, namespace: str, name: str) -> Manifest | None:
         """An InferencePool, read with a GET: its CRD may be missing, and kopf would watch a missing

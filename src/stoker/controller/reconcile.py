@@ -55,7 +55,14 @@ class Reconciler:
         self.settings = settings
         self.startups = startups
         self.standby = StandbyPool(kube, settings, cache)
-        self.observer = Observer(kube, cache, settings.field_manager, settings.programs_image)
+        self.observer = Observer(
+            kube,
+            cache,
+            settings.field_manager,
+            settings.programs_image,
+            settings.node_warming_budget_bytes,
+            settings.node_warming_reserve_bytes,
+        )
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).
         self.others_waiting: Callable[[], bool] = lambda: False
@@ -117,6 +124,7 @@ class Reconciler:
             )
         status = decide_status(snapshot, plan, written, standby)
         self._settle(body, status)
+        metrics.set_node_warming((svc.namespace or "", svc.name), status.status.get("nodeWarming"))
         meta = body["metadata"]
         self.startups.follow(
             (meta["namespace"], meta["name"]), int(meta.get("generation") or 0), plan.cache.get("seededKey")

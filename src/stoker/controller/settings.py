@@ -7,6 +7,7 @@ from ipaddress import IPv4Address, IPv6Address
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stoker.render.memory import GIB
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 
 
@@ -95,6 +96,19 @@ class OperatorSettings(BaseSettings):
         description="The memory of a GPU shared through coldStart.standby.sharedGpu, for the part sleeping"
         " engines keep (about 1.5 GiB each): a smaller figure than the device has is the safe side.",
     )
+    node_warming_budget_gib: float = Field(
+        32.0,
+        gt=0,
+        description="Host memory per node that coldStart.nodeWarming may keep in the page cache, shared by"
+        " every warming service (each service's checkpoint and import pages, admitted in creation order"
+        " until the budget is spent).",
+    )
+    node_warming_reserve_gib: float = Field(
+        4.0,
+        ge=0,
+        description="Memory a node warmer leaves free on its node: below it, the warmer lets its pages go"
+        " rather than take memory a pod needs.",
+    )
     scale_from_zero_period_seconds: float = Field(
         1.0,
         gt=0,
@@ -123,6 +137,14 @@ class OperatorSettings(BaseSettings):
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ValueError("need STOKER_RETRY_MAX_SECONDS >= STOKER_RETRY_INITIAL_SECONDS")
         return self
+
+    @property
+    def node_warming_budget_bytes(self) -> int:
+        return int(self.node_warming_budget_gib * GIB)
+
+    @property
+    def node_warming_reserve_bytes(self) -> int:
+        return int(self.node_warming_reserve_gib * GIB)
 
     @property
     def liveness_endpoint(self) -> str:

@@ -24,6 +24,7 @@ from stoker.render.names import (
     CACHE_KEY_LABEL,
     CLAIM_SIGNATURE_ANNOTATION,
     COMPONENT_LABEL,
+    COMPONENT_NODE_WARMER,
     COMPONENT_SEED,
     COMPONENT_SERVER,
     GPU_SHARE_CLAIM,
@@ -38,6 +39,7 @@ from stoker.render.names import (
     common_labels,
     deployment_name,
     model_pvc_name,
+    node_warmer_name,
     seed_job_name,
     server_selector,
     server_selector_labels,
@@ -45,6 +47,7 @@ from stoker.render.names import (
     serving_selector,
     serving_selector_labels,
 )
+from stoker.render.nodewarmer import NODE_WARMER_PORT, Warming, build_node_warmer
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job, seed_invocation
 from stoker.render.service import build_service
@@ -55,6 +58,7 @@ __all__ = [
     "CACHE_MOUNT_PATH",
     "CLAIM_SIGNATURE_ANNOTATION",
     "COMPONENT_LABEL",
+    "COMPONENT_NODE_WARMER",
     "COMPONENT_SEED",
     "COMPONENT_SERVER",
     "GPU_SHARE_CLAIM",
@@ -64,6 +68,7 @@ __all__ = [
     "INFERENCE_POOL_PLURAL",
     "INSTANCE_LABEL",
     "MODEL_FACTS_ANNOTATION",
+    "NODE_WARMER_PORT",
     "PORT",
     "RETAINED_CACHE_ANNOTATION",
     "SEEDED_KEY_ANNOTATION",
@@ -71,10 +76,12 @@ __all__ = [
     "SEED_CLAIM_UID_ANNOTATION",
     "EngineInvocation",
     "Role",
+    "Warming",
     "build_cache_pvc",
     "build_deployment",
     "build_inference_pool",
     "build_model_pvc",
+    "build_node_warmer",
     "build_seed_job",
     "build_service",
     "cache_key",
@@ -87,6 +94,7 @@ __all__ = [
     "key_relevant_args",
     "model_pvc_name",
     "model_string",
+    "node_warmer_name",
     "pod_count",
     "render_children",
     "seed_invocation",

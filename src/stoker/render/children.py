@@ -7,6 +7,7 @@ from stoker.render.control import build_control_secret
 from stoker.render.deployment import build_deployment
 from stoker.render.inferencepool import build_inference_pool
 from stoker.render.names import Json
+from stoker.render.nodewarmer import Warming, build_node_warmer
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job
@@ -24,13 +25,15 @@ def render_children(
     serving_replicas: int | None = None,
     control_token: str | None = None,
     programs_image: str = DEFAULT_PROGRAMS_IMAGE,
+    warming: Warming | None = None,
 ) -> list[Json]:
-    """Control Secret, PVCs, seed Job, Deployment, Service and, with spec.inferencePool, the InferencePool
-    (last: its CRD may be missing, and nothing else waits for it). `serving_replicas` overrides the
-    Deployment's replicas (the controller passes 0 while a gated seed runs); `control_token` is the
-    operator's (see render.control): without it, as in `stoker render`, a standby service's Secret is
-    left out. The pods copy their programs from `programs_image` (the operator's own image, by default of
-    this version)."""
+    """Control Secret, PVCs, seed Job, Deployment, Service, with `warming` (the operator's decision for
+    coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, and with spec.inferencePool
+    the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
+    overrides the Deployment's replicas (the controller passes 0 while a gated seed runs);
+    `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
+    service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
+    image, by default of this version)."""
     children: list[Json] = []
     if svc.spec.cold_start.standby is not None and control_token is not None:
         children.append(build_control_secret(svc, control_token))
@@ -42,6 +45,8 @@ def render_children(
         children.append(build_seed_job(svc, programs_image=programs_image))
     children.append(build_deployment(svc, replicas=serving_replicas, programs_image=programs_image))
     children.append(build_service(svc))
+    if warming is not None:
+        children.append(build_node_warmer(svc, warming, programs_image=programs_image))
     pool = svc.spec.inference_pool
     if pool is not None:
         children.append(build_inference_pool(svc, pool.endpoint_picker.name, pool.endpoint_picker.port))

@@ -54,6 +54,7 @@ CONTROL_TOKEN_KEY = "token"
 COMPONENT_SERVER = "server"
 COMPONENT_SEED = "seed"
 COMPONENT_CACHE = "cache"
+COMPONENT_NODE_WARMER = "node-warmer"
 
 
 def cache_pvc_name(name: str) -> str:
@@ -70,6 +71,10 @@ def seed_job_name(name: str, short_key: str) -> str:
 
 def control_secret_name(name: str) -> str:
     return f"{name}-control"
+
+
+def node_warmer_name(name: str) -> str:
+    return f"{name}-node-warmer"
 
 
 def deployment_name(name: str) -> str:

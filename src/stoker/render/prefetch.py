@@ -82,6 +82,12 @@ def import_pages_listing(svc: VLLMService) -> str:
     return f"{CACHE_MOUNT_PATH}/stoker/import-pages-{short_cache_key(svc)}"
 
 
+def read_ahead_paths(svc: VLLMService) -> list[str]:
+    """The checkpoint paths the read-ahead reads, as `vllm serve` names the model (a directory on the
+    model volume, or a hub name the programs resolve in HF_HOME); the node warmer reads the same."""
+    return [model_string(svc)]
+
+
 def serving_invocation(
     svc: VLLMService,
     gentle: int = GENTLE_BYTES,
@@ -98,7 +104,7 @@ def serving_invocation(
     if not reads_ahead(svc):
         return engine
     pages = import_pages_listing(svc) if import_pages else ""
-    wrapper = read_ahead_command([model_string(svc)], gentle, pages, request, defer_gc)
+    wrapper = read_ahead_command(read_ahead_paths(svc), gentle, pages, request, defer_gc)
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
