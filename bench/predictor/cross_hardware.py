@@ -326,7 +326,7 @@ HOSTS = (
         {
             "cpuSeconds": "measured: the seed's probe on a machine of the run's kind, after it, median of 5",
             "diskBytesPerSecond": "measured: as cpuSeconds (the run's stock weight loading: 16.06 GB, 8.9 s)",
-            "gpu": "the probe's nvidia-smi; host.json of bench/results/coldstart-h200-run1-logs says the same",
+            "gpu": "the probe's nvidia-smi; bench/results/coldstart-h200-run1-logs/host.json says the same",
         },
     ),
     Host(

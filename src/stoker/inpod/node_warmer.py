@@ -39,6 +39,8 @@ from stoker.inpod import options_and_command, program_parser
 from stoker.inpod.pagecache import SkipLines, evict_pages, resident_pages
 from stoker.inpod.read_ahead import checkpoint_ranges, listed_ranges, read_ranges
 
+# Where /ready and /metrics listen unless --port says otherwise (the DaemonSet's probe uses it).
+DEFAULT_PORT = 9401
 LINE_PREFIX = "stoker-node-warmer: "
 STATES = ("warm", "warming", "yielding", "overBudget")
 # /proc/pressure/memory `some avg10` (the share of the last 10 s in which some task waited for memory, in
@@ -369,7 +371,7 @@ def parser() -> argparse.ArgumentParser:
     )
     described.add_argument("--interval", type=seconds, default=10.0, metavar="SECONDS", help="default 10")
     described.add_argument(
-        "--port", type=port_number, default=9401, help="of /ready and /metrics; default 9401"
+        "--port", type=port_number, default=DEFAULT_PORT, help="of /ready and /metrics (default %(default)s)"
     )
     return described
 

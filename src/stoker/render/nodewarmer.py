@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from stoker.api import VLLMService
 from stoker.api.owned import SHM_VOLUME
+from stoker.inpod import node_warmer as node_warmer_program
 from stoker.render.names import (
     COMPONENT_LABEL,
     COMPONENT_NODE_WARMER,
@@ -36,8 +37,8 @@ from stoker.render.pods import (
 from stoker.render.prefetch import import_pages_listing, read_ahead_paths, serving_invocation
 
 # The agent's HTTP port: GET /ready (200 once everything wanted is resident) and GET /metrics.
-NODE_WARMER_PORT = 9401
-NODE_WARMER_MODULE = "stoker.inpod.node_warmer"
+NODE_WARMER_PORT = node_warmer_program.DEFAULT_PORT
+NODE_WARMER_MODULE = node_warmer_program.__name__
 NODE_WARMER_CONTAINER = "node-warmer"
 # Headroom above the pages it keeps: the agent's Python process itself.
 WARMER_OVERHEAD_BYTES = 256 << 20
