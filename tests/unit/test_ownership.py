@@ -12,6 +12,7 @@ from stoker.controller.ownership import (
     release,
     retained_cache_of,
     seeded_signature,
+    signed_for_creation,
     stokers,
 )
 
@@ -269,3 +270,24 @@ def test_release_removes_only_this_owners_reference_after_testing_it():
         {"op": "remove", "path": "/metadata/ownerReferences/1"},
     ]
     assert release(obj("x-cache", "other"), UID) == []
+
+
+def test_a_claim_signed_in_its_create_is_stokers_until_the_uid_signature_replaces_it():
+    # The operator stopped between the create and the uid signature (a leader killed mid-burst): its
+    # successor proves the claim by the create's signature and the API server's creationTimestamp.
+    sent = 1_795_000_000  # 2026-11-18T11:06:40Z
+    claim = signed_for_creation(obj("x-cache", UID), KEY, sent + 0.4)
+    claim["metadata"].update(uid="claim-uid", creationTimestamp="2026-11-18T11:06:41Z")
+    assert stokers("PersistentVolumeClaim", claim, UID, "x", KEY)
+    # The same annotations copied onto a claim created later (deleted and made again by a tenant), a time
+    # that is not the one signed, or another key: not stoker's.
+    later = {**claim, "metadata": {**claim["metadata"], "creationTimestamp": "2026-11-18T11:10:00Z"}}
+    assert not stokers("PersistentVolumeClaim", later, UID, "x", KEY)
+    moved = signed_for_creation(obj("x-cache", UID), KEY, sent)
+    moved["metadata"].update(uid="claim-uid", creationTimestamp="2026-11-18T11:06:41Z")
+    moved["metadata"]["annotations"]["stoker.dev/claim-created-at"] = str(sent + 600)
+    assert not stokers("PersistentVolumeClaim", moved, UID, "x", KEY)
+    assert not stokers("PersistentVolumeClaim", claim, UID, "x", "another-key")
+    # Once signed over its uid, the create's annotations no longer matter.
+    claim["metadata"]["annotations"]["stoker.dev/claim-signature"] = claim_signature(KEY, claim)
+    assert stokers("PersistentVolumeClaim", later | {"metadata": {**claim["metadata"]}}, UID, "x", KEY)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 
 from kubernetes.client.exceptions import ApiException
 
@@ -26,6 +27,7 @@ from stoker.controller.ownership import (
     claim_signature,
     foreign_template_fields,
     release,
+    signed_for_creation,
     stokers,
 )
 from stoker.render import CLAIM_SIGNATURE_ANNOTATION, SEED_CLAIM_UID_ANNOTATION
@@ -98,6 +100,8 @@ class Actor:
         if current is None:
             # Create, not apply: if an object of that name appeared since the read, this fails (409)
             # instead of taking it over.
+            if child["kind"] == "PersistentVolumeClaim":
+                child = signed_for_creation(child, self.signing_key, time.time())
             try:
                 created = self.kube.create(child)
             except ApiException as error:

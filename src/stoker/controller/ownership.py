@@ -15,15 +15,19 @@ refuses it if that changed in between (no window in which a newcomer is taken):
 
 Claims are the one kind a tenant who may not create pods can make, and an owner reference is just a field
 its creator writes: a PersistentVolumeClaim is stoker's only with the operator's signature over its
-namespace, name and uid (`stoker.dev/claim-signature`), which stoker adds right after creating it (a
-claim it cannot sign is deleted again). A claim a tenant made, with a copied owner reference or copied
-annotations, has another uid: a conflict, never mounted. One exception, explicit and narrow: a
-compile-cache PVC kept after its VLLMService was deleted (`retentionPolicy: Retain`) has no owner
-reference by design, so the next VLLMService of the same name takes it back when it has no owner
-references at all, carries the annotation naming that VLLMService (`stoker.dev/compile-cache-of`) and the
-signature. What the cache holds is trusted (the seed skipped) only with a second signature over the
-claim's uid and the seeded key (`stoker.dev/seeded-signature`): Inductor and Triton caches are code the
-pods load.
+namespace, name and uid (`stoker.dev/claim-signature`), which stoker adds right after creating it (a claim
+it cannot sign is deleted again). The uid exists only once the claim does, so the create itself carries a
+signature over namespace, name and the time it was sent (`stoker.dev/claim-created-at`), good only while the
+API server's creationTimestamp is within CREATION_WINDOW_SECONDS of that time: an operator stopped between
+the create and the uid signature leaves a claim its successor can still prove (and then signs over the uid),
+and a copy of those annotations onto a claim created later proves nothing. A claim a tenant made, with a
+copied owner reference or copied annotations, has another uid and another creation time: a conflict, never
+mounted. One exception, explicit and narrow: a compile-cache PVC kept after its VLLMService was deleted
+(`retentionPolicy: Retain`) has no owner reference by design, so the next VLLMService of the same name takes
+it back when it has no owner references at all, carries the annotation naming that VLLMService
+(`stoker.dev/compile-cache-of`) and the signature. What the cache holds is trusted (the seed skipped) only
+with a second signature over the claim's uid and the seeded key (`stoker.dev/seeded-signature`): Inductor
+and Triton caches are code the pods load.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
 from stoker.render import (
+    CLAIM_CREATED_AT_ANNOTATION,
     CLAIM_SIGNATURE_ANNOTATION,
     MODEL_FACTS_ANNOTATION,
     RETAINED_CACHE_ANNOTATION,
@@ -45,6 +51,9 @@ from stoker.render import (
 )
 
 Manifest = dict[str, Any]
+# How far a claim's creationTimestamp may be from the time its create was signed at: request latency and
+# clock skew between the operator and the API server, with room.
+CREATION_WINDOW_SECONDS = 120
 
 
 def owned_by(obj: Manifest, owner_uid: str) -> bool:
@@ -62,15 +71,48 @@ def claim_signature(secret: str, claim: Manifest) -> str:
     return _hmac(secret, "claim", meta["namespace"], meta["name"], meta["uid"])
 
 
+def creation_signature(secret: str, namespace: str, name: str, created_at: str) -> str:
+    """The operator's HMAC-SHA256 in a claim's create: namespace, name and when it sent the create."""
+    return _hmac(secret, "claim-create", namespace, name, created_at)
+
+
+def signed_for_creation(claim: Manifest, secret: str, now: float) -> Manifest:
+    """`claim` as the operator creates it: signed over its namespace, name and `now` (unix seconds)."""
+    meta = claim["metadata"]
+    created_at = str(int(now))
+    annotations = meta.setdefault("annotations", {})
+    annotations[CLAIM_CREATED_AT_ANNOTATION] = created_at
+    annotations[CLAIM_SIGNATURE_ANNOTATION] = creation_signature(
+        secret, meta["namespace"], meta["name"], created_at
+    )
+    return claim
+
+
+def _created_by_the_operator(claim: Manifest, secret: str, signature: str) -> bool:
+    """The create's signature (signed_for_creation), on a claim the API server created close to the time it
+    was signed at."""
+    meta = claim["metadata"]
+    created_at = (meta.get("annotations") or {}).get(CLAIM_CREATED_AT_ANNOTATION)
+    if not created_at or not created_at.isdigit() or not meta.get("creationTimestamp"):
+        return False
+    try:
+        created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+    except (TypeError, ValueError):
+        return False
+    return abs(created - int(created_at)) <= CREATION_WINDOW_SECONDS and hmac.compare_digest(
+        signature, creation_signature(secret, meta["namespace"], meta["name"], created_at)
+    )
+
+
 def signed_claim(claim: Manifest, secret: str | None) -> bool:
-    """Whether the operator signed this very claim (see claim_signature)."""
+    """Whether the operator signed this very claim: over its uid (claim_signature), or in its create
+    (signed_for_creation) when it stopped before it could sign the uid."""
     meta = claim["metadata"]
     signature = (meta.get("annotations") or {}).get(CLAIM_SIGNATURE_ANNOTATION)
-    return (
-        secret is not None
-        and signature is not None
-        and bool(meta.get("uid"))
-        and hmac.compare_digest(signature, claim_signature(secret, claim))
+    if secret is None or signature is None or not meta.get("uid"):
+        return False
+    return hmac.compare_digest(signature, claim_signature(secret, claim)) or _created_by_the_operator(
+        claim, secret, signature
     )
 
 

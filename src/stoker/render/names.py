@@ -37,6 +37,8 @@ SEEDED_SIGNATURE_ANNOTATION = "stoker.dev/seeded-signature"
 # owner reference proves nothing on a claim, as anyone who may create claims can write one (see
 # controller/ownership.py).
 CLAIM_SIGNATURE_ANNOTATION = "stoker.dev/claim-signature"
+# When the operator sent a claim's create (unix seconds); signed with it, until the uid signature replaces it.
+CLAIM_CREATED_AT_ANNOTATION = "stoker.dev/claim-created-at"
 # On a seed Job: the uid of the cache claim it fills. A claim re-created since is not filled by it.
 SEED_CLAIM_UID_ANNOTATION = "stoker.dev/seed-claim-uid"
 
