@@ -443,6 +443,19 @@ def test_pod_annotations_are_refused_since_webhooks_act_on_them(
     ), message
 
 
+def test_node_warming_needs_what_a_daemonset_needs(kubectl, policy: None, tenant_namespace: str) -> None:
+    """A warmer pod of the serving image lands on every node the replicas can land on, needing no GPU."""
+    warming = {"coldStart": {"nodeWarming": {"enabled": True}}}
+    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(warming)))
+    assert message.startswith(
+        f"spec.coldStart.nodeWarming.enabled: {TENANT} may not run a pod on every node"
+    ), message
+    rule = {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["create"]}
+    bind(kubectl, tenant_namespace, TENANT, rule, "daemonsets")
+    result = apply_as(kubectl, TENANT, tenant_namespace, manifest(warming))
+    assert result.returncode == 0, result.stderr
+
+
 # ------------------------------------------------------------------------------------- what is allowed
 
 
