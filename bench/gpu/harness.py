@@ -9,7 +9,6 @@ Standard library only, plus the Invocation of profiles.py.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import re
@@ -324,11 +323,15 @@ def prepare(cache_dir: str | None, restore_seed: bool, snapshot: Path = SEED_SNA
 
 
 def warm_node(checkpoint: str, listing: str) -> int:
-    """What a node agent keeps resident after `prepare` dropped it: the checkpoint's files and the pages the
-    seed's cold vLLM read (its import-pages listing), read with stoker's own range reader. Returns bytes."""
-    from stoker.inpod.read_ahead import checkpoint_ranges, listed_ranges, read_ranges
+    """What the node warmer keeps resident after `prepare` dropped it: one round of the agent
+    (stoker.inpod.node_warmer) over the checkpoint's files and the seed's import-pages listing, with the
+    whole of this host's memory as its budget. Returns the bytes resident after it. (Runs up to 2026-11-27
+    read the same ranges with the read-ahead's reader directly.)"""
+    from stoker.inpod.node_warmer import Warmer
 
-    return read_ranges(itertools.chain(listed_ranges(listing), checkpoint_ranges([checkpoint])))
+    warmer = Warmer("bench/warm-node", listing, [checkpoint], budget=1 << 50, reserve=0, skipped=print)
+    warmer.round()
+    return warmer.resident
 
 
 class Budget:
