@@ -47,6 +47,7 @@ import standby
 import standby_pool
 from bench.predictor.shapes import SHAPES, Shape
 from harness import (
+    CONTAINER_LOCAL,
     HOME,
     PROGRAMS,
     SEED_SNAPSHOT,
@@ -115,6 +116,7 @@ def run(
     dropped = prepare(inv.cache_mount_path, restore_seed=role == "serve", snapshot=snapshot)
     warmed = warm_node(*warm) if warm else None
     log = Path("logs") / (f"{shape}-r{rep}-{name}.log" if shape else f"r{rep}-{name}.log")
+    started_at = time.time()
     started = time.monotonic()
     result = start_and_measure(out / log, inv, measure=role != "seed", decode=decode)
     budget.record(name, time.monotonic() - started)
@@ -127,6 +129,11 @@ def run(
     record.update(argv=inv.argv, env=inv.env)
     if inv.cache_mount_path:
         record["cacheBytesAfter"] = tree_bytes(inv.cache_mount_path)
+        record["cacheWritten"] = written_since(inv.cache_mount_path, started_at)
+    # What the start wrote where a pod's writes are lost with it (prepare wipes these before each start).
+    record["containerLocalWritten"] = {
+        str(path): written_since(str(path), started_at) for path in CONTAINER_LOCAL if path.exists()
+    }
     with (out / "runs.jsonl").open("a") as runs:
         runs.write(json.dumps(record) + "\n")
     summary = {key: record.get(key) for key in ("shape", "profile", "repetition", "readySeconds", "exitCode")}
@@ -134,6 +141,33 @@ def run(
     summary["tps"] = result.get("decode", {}).get("tokensPerSecond")
     print(json.dumps(summary), flush=True)
     return record
+
+
+def written_since(root: str, since: float, listed: int = 300) -> dict[str, Any]:
+    """What a start wrote into its cache volume (a seeded cache should take nothing new): files and bytes
+    per directory two levels down, and the Triton kernels compiled (their `.cubin` names)."""
+    per_directory: dict[str, list[int]] = {}
+    kernels: set[str] = set()
+    for directory, _, files in os.walk(root):
+        for file in files:
+            path = os.path.join(directory, file)
+            try:
+                stat = os.lstat(path)
+            except OSError:
+                continue
+            if stat.st_mtime < since:
+                continue
+            top = "/".join(Path(path).relative_to(root).parts[:2])
+            counts = per_directory.setdefault(top, [0, 0])
+            counts[0] += 1
+            counts[1] += stat.st_size
+            if file.endswith(".cubin"):
+                kernels.add(file.removesuffix(".cubin"))
+    return {
+        "files": {top: {"files": n, "bytes": b} for top, (n, b) in sorted(per_directory.items())},
+        "tritonKernels": sorted(kernels)[:listed],
+        "tritonKernelCount": len(kernels),
+    }
 
 
 def shape_service(manifest: str, shape: Shape) -> VLLMService:
