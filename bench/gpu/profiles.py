@@ -144,7 +144,8 @@ VARIANTS: dict[str, Variant] = {
     # replaces Dynamo and the compiled graphs on a hit. It enters the cache key, so it has its own seed.
     # Measured on 0.26.0 (bench/results/coldstart-h100-v0.26.0-gentle-run1.json, and on an H200 on
     # 2026-11-27): torch.compile 0.4-0.8 s instead of 5.4-7.7 s, but 11-14 s more between graph capture and
-    # "Kernel JIT monitor activated" (0.5-0.8 s otherwise), where the V2 runner warms its kernels up.
+    # "Kernel JIT monitor activated" (0.5-0.8 s otherwise), where the V2 runner warms its kernels up: the
+    # start JIT-compiles 22 Triton kernels the seed compiled under other cache keys (docs/benchmarks/h200.md).
     "stoker-mega-aot": Variant(spec=MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 (its own seed)"),
     "stoker-mega-aot-warm": Variant(
         spec=MEGA_AOT, warm_node=True, note="stoker-mega-aot on a node stoker warmed"

@@ -57,7 +57,15 @@ def run_entry(record: dict[str, Any], log_path: Path) -> dict[str, Any]:
         "firstCompletionSeconds": record.get("firstCompletion", {}).get("seconds"),
         "decodeTokensPerSecond": record.get("decode", {}).get("tokensPerSecond"),
     }
-    for key in ("sleepWake", "cacheBytesAfter", "gpuMemoryUsedMiB", "pageCacheDropped", "exitCode"):
+    for key in (
+        "sleepWake",
+        "cacheBytesAfter",
+        "gpuMemoryUsedMiB",
+        "pageCacheDropped",
+        "exitCode",
+        "warmedBytes",
+        "cacheWritten",
+    ):
         if key in record:
             entry[key] = record[key]
     return entry
