@@ -231,6 +231,8 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("inference.networking.k8s.io", "inferencepools")] == {"get", "create", "patch", "delete"}
     assert verbs[("discovery.k8s.io", "endpointslices")] == {"list"}
     assert verbs[("stoker.dev", "vllmservices/scale")] == {"get", "update"}
+    # coldStart.nodeWarming: the warmer DaemonSets, deleted again when warming is skipped or turned off.
+    assert verbs[("apps", "daemonsets")] == {"get", "list", "watch", "create", "patch", "delete"}
     for rule in rules:  # status and finalizers have rules of their own
         if any("/" in resource for resource in rule["resources"]):
             assert len(rule["resources"]) == 1, rule
@@ -240,14 +242,15 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert not any("escalate" in v or "bind" in v or "impersonate" in v for v in verbs.values())
     if mode == "namespaced":
         assert sorted(role["metadata"]["namespace"] for role in workload_roles(docs)) == ["ml", "research"]
-        # Cluster-wide, only what kopf observes: CRDs, and the namespaces it filters.
+        # Cluster-wide, only what kopf observes: CRDs, Nodes (where node warmers can land, and their
+        # memory), and the namespaces it filters.
         assert rules_of(docs, "ClusterRole") == [
             {
                 "apiGroups": ["apiextensions.k8s.io"],
                 "resources": ["customresourcedefinitions"],
                 "verbs": ["list", "watch"],
             },
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
         ]
     (deployment,) = of_kind(docs, "Deployment")
