@@ -3,6 +3,7 @@ node matching, the NodeWarming condition and status.nodeWarming."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -185,6 +186,17 @@ def test_the_budget_goes_in_creation_order_and_skipped_services_take_none() -> N
     assert verdicts[("ns", "first")].warming == Warming(20 * GIB, BUDGET, RESERVE)
     assert "ns/first, ns/second" in verdicts[("ns", "late")].message
     assert "32.0 GiB" in verdicts[("ns", "late")].message
+
+
+def test_an_over_budget_message_names_no_service_of_another_namespace() -> None:
+    # A condition is read by its namespace's users: the budget's other holders are counted, not named.
+    nodes = [node("big", 512, gpu="h100")]
+    other = replace(cand("payments-model", "2026-01-01T00:00:00Z", 30 * GIB), namespace="payments")
+    verdicts = plan_warming([other, cand("mine", "2026-01-02T00:00:00Z", 8 * GIB)], nodes, BUDGET, RESERVE)
+    message = verdicts[("ns", "mine")].message
+    assert verdicts[("ns", "mine")].reason == "OverBudget"
+    assert "taken by 1 warming services" in message
+    assert "payments" not in message
 
 
 def test_a_node_must_hold_the_pages_beside_a_serving_pod() -> None:

@@ -189,12 +189,15 @@ def plan_warming(
             skip(WAITING_FOR_SEED, "Waiting for the seed to report the checkpoint's size")
             continue
         if used + wanted > budget:
-            earlier = ", ".join(f"{ns}/{name}" for ns, name in admitted[:5]) or "none"
+            # Services of other namespaces are counted, never named: a condition is read by this
+            # namespace's users.
+            here = [f"{ns}/{name}" for ns, name in admitted if ns == c.namespace]
+            named = f"; in this namespace: {', '.join(here[:5])}" if here else ""
             skip(
                 OVER_BUDGET,
                 f"Needs {gib(wanted)} ({wanted} bytes) per node; the node warming budget is {gib(budget)}"
-                f" per node and {gib(used)} of it is taken by warming services created earlier ({earlier});"
-                " raise STOKER_NODE_WARMING_BUDGET_GIB or turn warming off elsewhere",
+                f" per node and {gib(used)} of it is taken by {len(admitted)} warming services created"
+                f" earlier{named}; raise STOKER_NODE_WARMING_BUDGET_GIB or turn warming off elsewhere",
             )
             continue
         matching = [n for n in nodes if node_matches(n, c.node_selector, c.node_affinity)]
