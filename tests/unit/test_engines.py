@@ -30,8 +30,9 @@ def service(**runtime: Any) -> VLLMService:
         ("0.22.1", "0.22-0.23"),
         ("0.23.0", "0.22-0.23"),
         ("0.25.1", "0.24-0.25"),
-        ("0.26.0", "0.26-0.28"),
-        ("0.28.0", "0.26-0.28"),
+        ("0.26.0", "0.26"),
+        ("0.27.0", "0.27-0.28"),
+        ("0.28.0", "0.27-0.28"),
         ("0.29.0", "0.29"),
         ("0.30.0", "0.30"),
         ("0.32.0", "0.32"),
@@ -167,12 +168,12 @@ def test_kv_cache_memory_bytes_enters_the_key_on_0_22_only() -> None:
 
 
 def test_env_ignore_lists_differ_by_version() -> None:
-    # VLLM_CONFIG_ROOT left the key in 0.27 (envs.py compile_factors); the 0.26-0.28 range keeps 0.26's list.
-    assert "VLLM_CONFIG_ROOT" not in profile_for("0.28.0").key_ignored_env
-    assert "VLLM_CONFIG_ROOT" in profile_for("0.29.0").key_ignored_env
+    # VLLM_CONFIG_ROOT left the key in 0.27 (envs.py compile_factors).
+    assert "VLLM_CONFIG_ROOT" not in profile_for("0.26.0").key_ignored_env
+    assert "VLLM_CONFIG_ROOT" in profile_for("0.27.0").key_ignored_env
     env = [{"name": "VLLM_CONFIG_ROOT", "value": "/etc/vllm"}]
     assert "VLLM_CONFIG_ROOT" in cache_key_factors(service(engineVersion="0.26.0", env=env))["env"]
-    assert "VLLM_CONFIG_ROOT" not in cache_key_factors(service(engineVersion="0.29.0", env=env))["env"]
+    assert "VLLM_CONFIG_ROOT" not in cache_key_factors(service(engineVersion="0.27.0", env=env))["env"]
 
 
 def test_the_engine_version_is_a_cache_key_factor() -> None:

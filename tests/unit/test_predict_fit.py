@@ -142,7 +142,7 @@ def test_predicted_phases_are_the_engine_profiles_in_its_order() -> None:
         phases={phase: {"all": PhaseFit(intercept=1.0, samples=1)} for phase in PHASE_MODELS},
     )
     assert set(PHASE_MODELS) == set(ENGINE_PHASES)
-    profile = SUPPORTED[2]  # 0.26-0.28: the silent JIT warm-up after graph capture
+    profile = SUPPORTED[2]  # 0.26: the silent JIT warm-up after graph capture
     for cache_state in ("hit", "miss", "none"):
         settings = SERVING.model_copy(update={"cache_state": cache_state})
         prediction = predict(SHAPES[0], settings, everything)

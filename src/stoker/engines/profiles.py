@@ -85,7 +85,8 @@ class Capabilities:
     sleep_levels: frozenset[int]
     # VLLM_ENABLE_STARTUP_PLAN: memory profiling persisted under VLLM_CACHE_ROOT (v1/worker/startup_plan.py).
     startup_plan: bool
-    # VLLM_USE_MEGA_AOT_ARTIFACT on by default (the AOT artifact replaces Dynamo on a cache hit).
+    # VLLM_USE_MEGA_AOT_ARTIFACT on by default (the AOT artifact replaces Dynamo on a cache hit): vLLM turns
+    # it on with torch >= 2.12 (envs.py use_mega_aot_artifact, 0.26.0 to 0.33.0), so from 0.27 (torch 2.13).
     mega_aot_artifact: bool
     # none: no kernel warm-up phase; silent: Model Runner V2 warms kernels after graph capture without a
     # line until the JIT monitor starts; logged: `JIT kernel warmup starting.` ... `finished in` before it.
@@ -306,7 +307,7 @@ V0_24 = replace(
 V0_26 = replace(
     V0_24,
     first=(0, 26),
-    last=(0, 28),
+    last=(0, 26),
     key_ignored_flags=V0_24.key_ignored_flags | {"--kv-cache-memory-bytes"},
     key_ignored_env=(
         V0_24.key_ignored_env
@@ -318,15 +319,24 @@ V0_26 = replace(
     phase_ends=_PHASES_SILENT_WARMUP,
 )
 
+# 0.27.0: torch 2.13 (METADATA), with which vLLM loads the mega AOT artifact by default; the config and XLA
+# cache paths leave the key (envs.py compile_factors).
+V0_27 = replace(
+    V0_26,
+    first=(0, 27),
+    last=(0, 28),
+    key_ignored_env=V0_26.key_ignored_env | {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH"},
+    capabilities=replace(V0_26.capabilities, mega_aot_artifact=True),
+)
+
 # 0.29.0: the JIT warm-up is logged and runs before graph capture (model_executor/warmup/kernel_warmup.py).
 V0_29 = replace(
-    V0_26,
+    V0_27,
     first=(0, 29),
     last=(0, 29),
-    key_ignored_env=V0_26.key_ignored_env
-    | {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH", "VLLM_MAX_AUDIO_DECODE_BYTES"}
-    | {"VLLM_API_KEY", "VLLM_ELASTIC_EP_SCALE_UP_LAUNCH"},
-    capabilities=replace(V0_26.capabilities, jit_warmup="logged"),
+    key_ignored_env=V0_27.key_ignored_env
+    | {"VLLM_MAX_AUDIO_DECODE_BYTES", "VLLM_API_KEY", "VLLM_ELASTIC_EP_SCALE_UP_LAUNCH"},
+    capabilities=replace(V0_27.capabilities, jit_warmup="logged"),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU, *JIT_WARMUP_LOGGED),
     phase_ends=_PHASES_LOGGED_WARMUP,
     # Both runners say `GiB memory and` from 0.28.0 (v1/worker/gpu/model_runner.py:381).
@@ -365,7 +375,7 @@ V0_32 = replace(
 )
 
 # 0.33.0: FlashInfer's managed autotune store lives outside VLLM_CACHE_ROOT unless told
-# (model_executor/warmup/flashinfer_autotune_cache.py:79-124); the mega AOT artifact is on by default;
+# (model_executor/warmup/flashinfer_autotune_cache.py:79-124);
 # Model Runner V2 is the default runner (config/vllm.py:731-767); JSON logs with
 # `--logging-config.formatter json` (logger.py:240).
 V0_33 = replace(
@@ -376,10 +386,10 @@ V0_33 = replace(
     | {"VLLM_CHAT_TEMPLATE_FUEL", "VLLM_HTTP_MAX_REQUEST_BODY_SIZE", "VLLM_MAX_MEDIA_REQUEST_DECODE_BYTES"}
     | {"VLLM_MAX_MEDIA_REQUEST_DOWNLOAD_SIZE_MB", "VLLM_RAY_BUNDLE_INDICES", "VLLM_REQUEST_BODY_LOG_LEVEL"},
     cache_env=(("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "flashinfer-autotune"),),
-    capabilities=replace(V0_32.capabilities, mega_aot_artifact=True, instanttensor_in_every_image=True),
+    capabilities=replace(V0_32.capabilities, instanttensor_in_every_image=True),
 )
 
-SUPPORTED: tuple[EngineProfile, ...] = (V0_22, V0_24, V0_26, V0_29, V0_30, V0_31, V0_32, V0_33)
+SUPPORTED: tuple[EngineProfile, ...] = (V0_22, V0_24, V0_26, V0_27, V0_29, V0_30, V0_31, V0_32, V0_33)
 
 # For a log whose version is unknown or unsupported: every wording any supported release prints, and older
 # ones, phases in the newest releases' order (a silent warm-up then falls into apiReady).

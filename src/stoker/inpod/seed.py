@@ -4,7 +4,9 @@ Starts COMMAND (`vllm serve ...`) and waits for it to answer /health on its --po
 compile artifacts before it answers), then prints the model's facts on one `stoker-model-facts: {json}`
 line for the operator, sends one completion (which JIT-compiles the first request's Triton kernels into
 the cache volume), stops the server and exits 0; it exits with the server's code if the server ends
-first.
+first. With --start-again it then starts the server once more, waits for /health, sends the completion
+and stops it: a start that loads what the first one compiled may JIT-compile kernels of its own (vLLM's
+mega AOT artifact does, under other Triton cache keys), and serving pods then find them on the volume.
 
 Before the server starts, the image's Python files (everything under sys.path) are dropped from the page
 cache; once the server starts its engine process (its imports are done), the pages of them and of the files
@@ -138,20 +140,53 @@ def warm_up(port: str, model: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    described = program_parser("stoker.inpod.seed", __doc__, "%(prog)s --pages LISTING -- COMMAND...")
+    usage = "%(prog)s --pages LISTING [--start-again] -- COMMAND..."
+    described = program_parser("stoker.inpod.seed", __doc__, usage)
     described.add_argument(
         "--pages",
         required=True,
         metavar="LISTING",
         help="where to write the pages the server's imports read (a file on the cache volume)",
     )
+    described.add_argument(
+        "--start-again",
+        action="store_true",
+        help="once the first server stopped, start it again (loading what the first compiled), wait for it"
+        " to be healthy, send the completion and stop it",
+    )
     return described
+
+
+def wait_until_healthy(server: subprocess.Popen[bytes], port: str) -> int | None:
+    """None once the server answers /health; the exit code to exit with if it ends first."""
+    while True:
+        code = server.poll()
+        if code is not None:
+            print(f"{LINE_PREFIX}server exited with code {code} before it was healthy", flush=True)
+            return code or 1
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=5) as response:
+                if response.status == 200:
+                    return None
+        except OSError:
+            pass
+        time.sleep(2)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    print(f"{LINE_PREFIX}stopping the server", flush=True)
+    server.terminate()
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
     options, command = options_and_command(sys.argv[1:] if argv is None else argv)
     described = parser()
-    listing = described.parse_args(options).pages
+    settings = described.parse_args(options)
+    listing = settings.pages
     if not command:
         described.error("no COMMAND after --")
     port = flag_value(command, PORT_FLAG) or VLLM_DEFAULT_PORT
@@ -172,27 +207,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, stop)
-    while True:
-        code = server.poll()
-        if code is not None:
-            print(f"{LINE_PREFIX}server exited with code {code} before it was healthy", flush=True)
-            return code or 1
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{HEALTH_PATH}", timeout=5) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        time.sleep(2)
+    code = wait_until_healthy(server, port)
+    if code is not None:
+        return code
     print(f"{LINE_PREFIX}server is healthy, the compile cache is seeded", flush=True)
     print_model_facts(command, skipped)
-    warm_up(port, command[command.index(SERVED_MODEL_NAME_FLAG) + 1])
-    print(f"{LINE_PREFIX}stopping the server", flush=True)
-    server.terminate()
-    try:
-        server.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    model = command[command.index(SERVED_MODEL_NAME_FLAG) + 1]
+    warm_up(port, model)
+    stop_server(server)
+    if settings.start_again:
+        began = time.monotonic()
+        server = subprocess.Popen(command)
+        code = wait_until_healthy(server, port)
+        if code is not None:
+            return code
+        print(f"{LINE_PREFIX}started again, healthy in {time.monotonic() - began:.1f} s", flush=True)
+        warm_up(port, model)
+        stop_server(server)
     return 0
 
 

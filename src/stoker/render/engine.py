@@ -29,6 +29,7 @@ INSTANTTENSOR = "instanttensor"
 # middleware (on the pods' programs volume, render.pods) answers them only to a caller holding the control
 # token.
 CONTROL_GUARD = "stoker.guard.ControlGuard"
+MEGA_AOT_ARTIFACT_ENV = "VLLM_USE_MEGA_AOT_ARTIFACT"
 # The standby pool tells a sleep-capable pod by this flag in its args.
 SLEEP_MODE_FLAG = EngineFlags().sleep_mode
 
@@ -93,6 +94,16 @@ def reads_ahead(svc: VLLMService) -> bool:
     if wanted is None:
         wanted = load_format(svc) == INSTANTTENSOR
     return wanted and weights_from_volume(svc)
+
+
+def loads_mega_aot_artifact(svc: VLLMService) -> bool:
+    """Whether the engine compiles into, and serving pods load, vLLM's mega AOT artifact: as
+    VLLM_USE_MEGA_AOT_ARTIFACT in runtime.env says (vLLM takes "1" for on), else the engine's default. One
+    from a Secret or ConfigMap is taken as on: it costs the seed a second start at most (render.seed)."""
+    for var in svc.spec.runtime.env:
+        if var.name == MEGA_AOT_ARTIFACT_ENV:
+            return var.value_from is not None or var.value == "1"
+    return svc.spec.runtime.engine_profile.capabilities.mega_aot_artifact
 
 
 def engine_env(svc: VLLMService) -> dict[str, str]:

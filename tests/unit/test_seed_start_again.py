@@ -1,0 +1,88 @@
+"""The seed's second start (stoker.inpod.seed --start-again): where the engine loads vLLM's mega AOT
+artifact, a start that loads it JIT-compiles kernels of its own, so the seed runs that start too."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stoker.render.engine import engine_invocation
+from stoker.render.seed import seed_invocation
+from tests.unit.test_render import service
+
+MEGA = "VLLM_USE_MEGA_AOT_ARTIFACT"
+
+
+@pytest.mark.parametrize(
+    ("changes", "again"),
+    [
+        ({}, False),  # 0.26 on torch 2.11: off by default
+        ({"runtime.env": [{"name": MEGA, "value": "1"}]}, True),
+        (
+            {"runtime.env": [{"name": MEGA, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]},
+            True,
+        ),
+        ({"runtime.engineVersion": "0.27.0"}, True),  # torch 2.13: on by default
+        ({"runtime.engineVersion": "0.27.0", "runtime.env": [{"name": MEGA, "value": "0"}]}, False),
+    ],
+    ids=["0.26", "0.26-on", "0.26-from-a-secret", "0.27", "0.27-off"],
+)
+def test_the_seed_starts_again_where_the_engine_loads_the_mega_artifact(changes: dict, again: bool) -> None:
+    svc = service(**changes)
+    seed = seed_invocation(svc)
+    wrapper = seed.args[: seed.args.index("--")]
+    assert ("--start-again" in wrapper) is again
+    # The server's own command is the seed's either way: the key does not move.
+    assert seed.args[seed.args.index("--") + 1 :] == engine_invocation(svc, "seed").argv
+
+
+# A stand-in for `vllm serve` (the wrapper's child): notes each start, answers /health and one completion,
+# ends on SIGTERM.
+SERVER = """
+import http.server, signal, sys
+with open(sys.argv[1], "a") as starts:
+    starts.write("start\\n")
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        with open(sys.argv[1], "a") as starts:
+            starts.write("completion\\n")
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), Answer).serve_forever()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["once", "again"])
+def test_the_seed_program_runs_the_server_a_second_time_when_told(
+    tmp_path: Path, programs: Path, again: bool
+) -> None:
+    starts, port = tmp_path / "starts", free_port()
+    server = [sys.executable, "-c", SERVER, str(starts), str(port), "--port", str(port)]
+    command = [*server, "--served-model-name", "m"]
+    options = ["--pages", str(tmp_path / "listing"), *(["--start-again"] if again else [])]
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.inpod.seed", *options, "--", *command],
+        env={**os.environ, "PYTHONPATH": str(programs)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert starts.read_text().split() == ["start", "completion"] * (2 if again else 1)
+    assert ("stoker-seed: started again, healthy in " in result.stdout) is again
