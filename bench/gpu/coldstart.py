@@ -65,6 +65,7 @@ from profiles import (
     load_service,
     seed_invocation,
     seed_key,
+    patched_service,
     serve_invocation,
     stock_invocation,
 )
@@ -325,7 +326,8 @@ def profiles(args: argparse.Namespace, out: Path) -> None:
             if snapshot.exists():
                 reserve = [] if name in kept else required * (repetitions - rep)
                 warm_node = name == STOCK_WARM or (name in VARIANTS and VARIANTS[name].warm_node)
-                warm = warm_node_of(svc, snapshot) if warm_node else None
+                profile_svc = svc if name == STOCK_WARM else patched_service(svc, name)
+                warm = warm_node_of(profile_svc, snapshot) if warm_node else None
                 if name == STOCK_WARM:
                     run(name, rep, stock_invocation(svc), out, budget, "stock", reserve, warm=warm)
                 else:

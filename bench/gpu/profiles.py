@@ -272,6 +272,11 @@ def seed_invocation(svc: VLLMService, profile: str = DEFAULT_PROFILE) -> Invocat
     return dataclasses.replace(engine, argv=[*wrapped.command, *wrapped.args], exits_by_itself=True)
 
 
+def patched_service(svc: VLLMService, profile: str) -> VLLMService:
+    """`svc` with `profile`'s spec changes (its cache key, so its import-pages listing, may differ)."""
+    return _patched(svc, VARIANTS[profile].spec)
+
+
 def serve_invocation(svc: VLLMService, profile: str) -> Invocation:
     return _rendered(svc, "serve", VARIANTS[profile])
 
