@@ -152,9 +152,9 @@ BOOTSTRAP_PHASE = "bootstrap"
 # The share of the Python bootstrap that waits on the disk, not the CPU, when the read-ahead reads the seed's
 # import pages first: the pages' own reads (2.6-3.8 s on every GPU host seen, at 1.2-1.9 GB/s: bound by the
 # latency of many small requests, which no host fact measures) and the imports' other cold reads. That part
-# is not scaled; the rest scales with the CPU. Measured, not fitted: (cold - warm) / cold of the bootstrap over
-# the two H200 runs' 6 cold starts (page cache dropped, 12.78 s) and 6 on a warmed node (the checkpoint and
-# the import pages resident, 9.11 s: CPU alone), bench/results/coldstart-h200{,-run1}-logs.
+# is not scaled; the rest scales with the CPU. Measured, not fitted: (cold - warm) / cold of the bootstrap
+# over the two H200 runs' 6 cold starts (page cache dropped, 12.78 s) and 6 on a warmed node (the checkpoint
+# and the import pages resident, 9.11 s: CPU alone), bench/results/coldstart-h200{,-run1}-logs.
 IMPORT_PAGES_DISK_SHARE = 0.29
 
 
