@@ -38,15 +38,17 @@ def test_the_committed_validation_is_what_the_script_computes(document: dict) ->
         assert set(host["facts"]) <= measured | {"cpuSeconds", "diskBytesPerSecond"}
 
 
-def test_each_gpu_is_predicted_from_the_others_facts_within_the_mae_bound(document: dict) -> None:
-    # The issue's MAE bound holds both ways; its 25 % bound on the largest error does not (28.9 % and
-    # 26.3 %: the read-ahead's bootstrap, docs/prediction.md), which the committed figures above pin.
+def test_each_gpu_is_predicted_from_the_others_facts_within_the_bounds(document: dict) -> None:
+    # The issue's bounds, both ways: MAE at most 12 %, no start off by more than 25 %, over at least 6
+    # starts of 2 shapes (24.5 % and 23.4 %: the narrow margin is the H200's noisy start, docs/prediction.md).
     for experiment in document["experiments"]:
         if NEW_CLASS not in experiment["heldOutHardware"] and NEW_CLASS not in experiment["fittedOn"]:
             continue
         total = experiment["summary"]["total"]
         assert experiment["summary"]["starts"] >= 6
+        assert len(experiment["shapes"]) >= 2
         assert total["maePercent"] <= 12, experiment["fittedOn"]
+        assert total["maxErrorPercent"] <= 25, experiment["fittedOn"]
         # ...and better than the stand-in set without host facts.
         assert total["maePercent"] < experiment["unscaledSummary"]["maePercent"]
 

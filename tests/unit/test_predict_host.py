@@ -14,7 +14,7 @@ from stoker.inpod.host import measure_host
 from stoker.predict import EngineSettings, ModelFacts, Observation, PhaseFit, fit, parse_facts_line, predict
 from stoker.predict.fleet import expected_status
 from stoker.predict.model import CoefficientSet, HardwareClass, HostFacts
-from stoker.predict.predictor import host_factor
+from stoker.predict.predictor import IMPORT_PAGES_DISK_SHARE, host_factor
 
 REFERENCE = HostFacts(cpu_seconds=0.10, disk_bytes_per_second=1.3e9, gpu_product="NVIDIA-H100-80GB-HBM3")
 # A host with a core 1.4 times as fast and a disk of 1.0 GB/s.
@@ -148,6 +148,29 @@ def test_after_the_read_ahead_weights_wait_for_what_the_disk_has_not_read() -> N
     )
     slow = model(HostFacts(cpu_seconds=0.10, disk_bytes_per_second=0.8e9))
     assert predict(slow, READ_AHEAD, coefficients).phases["weightLoad"] == pytest.approx(20.0 - 10.0)
+
+
+def test_the_bootstrap_after_the_import_pages_scales_with_the_cpu_in_its_cpu_part_only() -> None:
+    pages = READ_AHEAD.model_copy(update={"import_pages": True, "deferred_gc": True})
+    coefficients = COEFFICIENTS.model_copy(
+        update={"phases": {"bootstrap": {"readahead=gentle,pages,nogc": PhaseFit(intercept=12.0, samples=3)}}}
+    )
+    faster = model(FASTER_CPU_SLOWER_DISK)
+    # The share that waits on the import pages' reads stays; the rest is 1.4 times as fast.
+    expected = 12.0 * (IMPORT_PAGES_DISK_SHARE + (1 - IMPORT_PAGES_DISK_SHARE) / 1.4)
+    assert predict(faster, pages, coefficients).phases["bootstrap"] == pytest.approx(expected, abs=1e-3)
+    assert 12.0 / 1.4 < expected < 12.0
+    # Without the import pages (or without the read-ahead) the whole bootstrap is the CPU's.
+    assert host_factor("bootstrap", READ_AHEAD, FASTER_CPU_SLOWER_DISK, REFERENCE) == pytest.approx(1 / 1.4)
+    no_read_ahead = SETTINGS.model_copy(update={"import_pages": True})
+    without_read_ahead = host_factor("bootstrap", no_read_ahead, FASTER_CPU_SLOWER_DISK, REFERENCE)
+    assert without_read_ahead == pytest.approx(1 / 1.4)
+    # The refit scales such a start back by the same factor: predicted on its own host as it ran.
+    starts = [
+        Observation(facts=faster, settings=pages, phases={"bootstrap": 11.0}, label=f"s{n}") for n in range(3)
+    ]
+    refit = fit(starts, hardware=COEFFICIENTS.hardware, host=REFERENCE)
+    assert predict(faster, pages, refit).phases["bootstrap"] == pytest.approx(11.0, abs=1e-2)
 
 
 def test_starts_observed_on_another_host_are_fitted_scaled_to_the_sets_host() -> None:
