@@ -154,7 +154,7 @@ BOOTSTRAP_PHASE = "bootstrap"
 # latency of many small requests, which no host fact measures) and the imports' other cold reads. That part
 # is not scaled; the rest scales with the CPU. Measured, not fitted: (cold - warm) / cold of the bootstrap
 # over the two H200 runs' 6 cold starts (page cache dropped, 12.78 s) and 6 on a warmed node (the checkpoint
-# and the import pages resident, 9.11 s: CPU alone), bench/results/coldstart-h200{,-run1}-logs.
+# and the import pages resident, 9.11 s: CPU alone), bench/results/coldstart-h200-run{1,2}-logs.
 IMPORT_PAGES_DISK_SHARE = 0.29
 
 
