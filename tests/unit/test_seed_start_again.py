@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stoker.inpod.seed import STOPPING_LINE, first_start
+from stoker.phases.parser import parse_log
 from stoker.render.engine import engine_invocation
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
@@ -86,3 +88,15 @@ def test_the_seed_program_runs_the_server_a_second_time_when_told(
     assert result.returncode == 0, result.stdout + result.stderr
     assert starts.read_text().split() == ["start", "completion"] * (2 if again else 1)
     assert ("stoker-seed: started again, healthy in " in result.stdout) is again
+
+
+def test_the_seed_run_recorded_is_its_first_start() -> None:
+    """A log of a seed that started again: the operator parses the compiling start, not the loading one."""
+    log = (
+        (Path(__file__).parent / "data" / "phases" / "vllm-0.26.0-h100" / "seed.log").read_text().splitlines()
+    )
+    stop = next(n for n, line in enumerate(log) if STOPPING_LINE in line)
+    twice = [*log, *log[stop - 40 :]]  # a second server after the first stopped
+    assert list(first_start(twice)) == log[: stop + 1]
+    assert parse_log(first_start(twice)).phases == parse_log(log).phases
+    assert parse_log(twice).phases != parse_log(log).phases

@@ -47,6 +47,7 @@ from stoker.controller.ownership import created_by_deployment, owned_by
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
 from stoker.inpod.facts import FACTS_LOG_PREFIX
+from stoker.inpod.seed import first_start
 from stoker.phases import (
     READY_GAP_PHASE,
     CompileCache,
@@ -294,6 +295,8 @@ class StartupRecorder:
             lines = self.kube.pod_log_lines(
                 namespace, pod_name, pod["spec"]["containers"][0]["name"], self.settings.max_log_bytes
             )
+            if role == "seed":
+                lines = first_start(lines)
             # The spec's version until the log announces the one that really runs.
             timeline = parse_log(
                 noting_facts(lines), process_start=parse_time(started_at), engine_version=engine_version

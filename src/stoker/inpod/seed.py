@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from stoker.inpod import options_and_command, program_parser, working_directory_first
 from stoker.inpod.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, read_model_facts
@@ -46,6 +46,19 @@ HEALTH_PATH = "/health"
 # volume) leaves the seed to finish without facts.
 FACTS_SECONDS = 30
 LINE_PREFIX = "stoker-seed: "
+# Printed as the seed stops its first server: what follows in its log is the second start's (--start-again).
+STOPPING_LINE = f"{LINE_PREFIX}stopping the server"
+
+
+def first_start(lines: Iterable[str]) -> Iterator[str]:
+    """The lines of a seed's log up to its first stopping line: the start that compiled (a second start
+    loads what it compiled, and is not the seed's run). The rest is read, not yielded, so that a streamed
+    log ends as it would."""
+    stopped = False
+    for line in lines:
+        if not stopped:
+            yield line
+        stopped = stopped or STOPPING_LINE in line
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -174,7 +187,7 @@ def wait_until_healthy(server: subprocess.Popen[bytes], port: str) -> int | None
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:
-    print(f"{LINE_PREFIX}stopping the server", flush=True)
+    print(STOPPING_LINE, flush=True)
     server.terminate()
     try:
         server.wait(timeout=120)
