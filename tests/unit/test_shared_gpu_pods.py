@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.api import VLLMService
-from stoker.controller.standby import VLLM_DEFAULT_GPU_SHARE, claims_of, gated, gpu_share, shared_engine
+from stoker.controller.standby import claims_of, gated, gpu_share, shared_engine
 from stoker.render import build_deployment
 from stoker.render.names import ASLEEP_ANNOTATION, ROLE_LABEL, ROLE_STANDBY
 
@@ -51,7 +51,7 @@ def as_served(svc: VLLMService) -> dict[str, Any]:
 
 def test_the_share_is_the_specs_gpu_memory_utilization_or_vllms_default() -> None:
     assert gpu_share(as_served(shared_service(0.3))) == 0.3
-    assert gpu_share(as_served(shared_service(None))) == VLLM_DEFAULT_GPU_SHARE
+    assert gpu_share(as_served(shared_service(None))) == 0.92  # vLLM's CacheConfig default
 
 
 def test_an_engine_holds_its_share_until_the_operator_saw_it_asleep() -> None:

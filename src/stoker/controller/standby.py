@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stoker.api import KIND, VLLMService
+from stoker.api import DEFAULT_IMAGE, KIND, VLLMService
 from stoker.controller import metrics
 from stoker.controller.cache import ObjectCache
 from stoker.controller.conditions import now_rfc3339
@@ -24,6 +24,7 @@ from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import parse_time, pod_is_ready
 from stoker.controller.ownership import created_by_deployment
 from stoker.controller.settings import OperatorSettings
+from stoker.engines import TOLERANT, UnsupportedEngineVersion, profile_for, resolve_engine_version
 from stoker.render import PORT, deployment_name, short_cache_key
 from stoker.render.control import control_token
 from stoker.render.engine import SLEEP_MODE_FLAG, served_model_name
@@ -57,8 +58,6 @@ from stoker.standby.gpushare import (
 log = logging.getLogger(__name__)
 
 IS_SLEEPING_TIMEOUT_SECONDS = 5.0
-# vLLM's own default share when a pod's command does not set --gpu-memory-utilization.
-VLLM_DEFAULT_GPU_SHARE = 0.9
 # While an engine waits for room on a shared GPU: its service is looked at again this soon (another
 # service's scale-down, which makes the room, does not touch this one's objects).
 SHARED_GPU_RECHECK_SECONDS = 2.0
@@ -119,10 +118,17 @@ def gated(pod: Manifest) -> bool:
 
 def gpu_share(service: Manifest) -> float:
     """The fraction of its GPU each engine of a VLLMService (as the API serves it) holds awake: its
-    runtime.gpuMemoryUtilization, rendered as the engine's flag, else vLLM's default. Read from the spec, not
-    from the pods' arguments, whose flag spelling is the engine profile's to know."""
-    share = ((service.get("spec") or {}).get("runtime") or {}).get("gpuMemoryUtilization")
-    return float(share) if isinstance(share, int | float) else VLLM_DEFAULT_GPU_SHARE
+    runtime.gpuMemoryUtilization, rendered as the engine's flag, else its engine's default. Read from the
+    spec, not from the pods' arguments, whose flag spelling is the engine profile's to know."""
+    runtime = (service.get("spec") or {}).get("runtime") or {}
+    share = runtime.get("gpuMemoryUtilization")
+    if isinstance(share, int | float):
+        return float(share)
+    try:
+        version = resolve_engine_version(runtime.get("engineVersion"), runtime.get("image") or DEFAULT_IMAGE)
+        return profile_for(version).default_gpu_memory_utilization
+    except UnsupportedEngineVersion:  # refused by the API server's validation; the newest default stands in
+        return TOLERANT.default_gpu_memory_utilization
 
 
 def claims_of(pod: Manifest) -> set[str]:

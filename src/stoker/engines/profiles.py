@@ -141,6 +141,8 @@ class EngineProfile:
     # The LOADED wording with the weights' device memory in GiB as its one group.
     weight_memory: str
     capture_sizes: CaptureSizeDefaults = CaptureSizeDefaults()
+    # --gpu-memory-utilization when not given (config/cache.py CacheConfig, 0.22.1 to 0.27.0).
+    default_gpu_memory_utilization: float = 0.92
 
     @property
     def name(self) -> str:
