@@ -63,9 +63,9 @@ from profiles import (
     VARIANTS,
     Invocation,
     load_service,
+    patched_service,
     seed_invocation,
     seed_key,
-    patched_service,
     serve_invocation,
     stock_invocation,
 )
