@@ -15,6 +15,7 @@ from stoker.controller.warming import (
     IMPORT_PAGES_BYTES,
     Candidate,
     Node,
+    Taint,
     candidate,
     node_matches,
     node_of,
@@ -28,13 +29,13 @@ GIB = 1 << 30
 BUDGET, RESERVE = 32 * GIB, 4 * GIB
 
 
-def service(gpus: int = 2, **cold_start: Any) -> VLLMService:
+def service(gpus: int = 2, runtime: dict[str, Any] | None = None, **cold_start: Any) -> VLLMService:
     return VLLMService.model_validate(
         {
             "metadata": {"name": "llama", "namespace": "team", "creationTimestamp": "2026-11-27T00:00:00Z"},
             "spec": {
                 "model": {"name": "org/llama", "source": {"pvc": {"claimName": "weights", "path": "/llama"}}},
-                "runtime": {"nodeSelector": {"gpu": "h100"}, "gpus": gpus},
+                "runtime": {"nodeSelector": {"gpu": "h100"}, "gpus": gpus, **(runtime or {})},
                 "pod": {
                     "serviceAccountName": "inference",
                     "imagePullSecrets": [{"name": "registry"}],
@@ -206,6 +207,46 @@ def test_a_node_must_hold_the_pages_beside_a_serving_pod() -> None:
     assert "small" in verdict.message and "24.0 GiB" in verdict.message and "28.0 GiB" in verdict.message
     (none,) = plan_warming([cand("x", "t", 20 * GIB)], [node("roomy", 4096, gpu="a100")], BUDGET, 0).values()
     assert none.reason == "NodeMemoryTooSmall" and "no node matches" in none.message
+
+
+def test_a_node_whose_taints_the_replicas_do_not_tolerate_is_not_one_they_land_on() -> None:
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    tainted = node_of(
+        {
+            "metadata": {"name": "big", "labels": {"gpu": "h100"}},
+            "spec": {
+                "taints": [
+                    gpu_taint,
+                    {"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"},  # comes and goes
+                    {"key": "soft", "effect": "PreferNoSchedule"},  # does not keep pods off
+                ]
+            },
+            "status": {"allocatable": {"memory": "512Gi"}},
+        }
+    )
+    assert tainted.taints == (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
+    assert not node_matches(tainted, {"gpu": "h100"}, None)
+    for tolerations in (
+        [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        [{"operator": "Exists"}],
+    ):
+        assert node_matches(tainted, {"gpu": "h100"}, None, tolerations), tolerations
+    for tolerations in (
+        [{"key": "nvidia.com/gpu", "value": "absent"}],
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}],
+    ):
+        assert not node_matches(tainted, {"gpu": "h100"}, None, tolerations), tolerations
+    refused = Candidate("ns", "x", "t", True, 20 * GIB, 8 * GIB, {"gpu": "h100"}, None)
+    (verdict,) = plan_warming([refused], [tainted], BUDGET, RESERVE).values()
+    assert verdict.reason == "NodeMemoryTooSmall" and "tolerations" in verdict.message
+    tolerating = Candidate(
+        "ns", "x", "t", True, 20 * GIB, 8 * GIB, {"gpu": "h100"}, None, ({"operator": "Exists"},)
+    )
+    (verdict,) = plan_warming([tolerating], [tainted], BUDGET, RESERVE).values()
+    assert verdict.warming is not None
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert candidate(service(runtime={"tolerations": [toleration]})).tolerations == (toleration,)
 
 
 def test_a_candidate_counts_the_seeds_checkpoint_and_import_pages() -> None:

@@ -4,8 +4,8 @@ The per-node budget (STOKER_NODE_WARMING_BUDGET_GIB) is shared by every warming 
 admitted in creation order (ties by namespace/name) while their wanted bytes fit what is left of it. That
 is conservative: two services whose replicas land on disjoint nodes still share one budget, since which
 nodes overlap changes with every label and the sum is what one node may be asked to hold. A service also
-needs a node its replicas can land on (runtime.nodeSelector and the required node affinity) with
-allocatable memory for its pages beside one serving pod's memory request.
+needs a node its replicas can land on (runtime.nodeSelector, the required node affinity and the taints its
+tolerations tolerate) with allocatable memory for its pages beside one serving pod's memory request.
 """
 
 from __future__ import annotations
@@ -36,6 +36,20 @@ NODE_MEMORY_TOO_SMALL = "NodeMemoryTooSmall"
 WEIGHTS_NOT_ON_VOLUME = "WeightsNotOnVolume"
 
 
+# Taints that keep pods off a node for good; the node lifecycle controller's condition taints
+# (node.kubernetes.io/not-ready, .../memory-pressure, ...) come and go, and do not make a node one the
+# replicas can never land on.
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+CONDITION_TAINTS = "node.kubernetes.io/"
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
 @dataclass(frozen=True)
 class Node:
     """What the planner reads of a Node."""
@@ -43,6 +57,7 @@ class Node:
     name: str
     labels: Mapping[str, str]
     allocatable_memory: int
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class Candidate:
     memory_request: int  # one serving pod's memory request, bytes
     node_selector: Mapping[str, str]
     node_affinity: Manifest | None
+    tolerations: tuple[Manifest, ...] = ()  # core/v1 Tolerations, as the API serves them
 
     @property
     def key(self) -> tuple[str, str]:
@@ -82,7 +98,13 @@ def node_of(obj: Manifest) -> Node:
     except ValueError:
         memory = 0
     meta = obj["metadata"]
-    return Node(meta["name"], dict(meta.get("labels") or {}), memory)
+    taints = tuple(
+        Taint(str(taint.get("key") or ""), str(taint.get("value") or ""), str(taint.get("effect") or ""))
+        for taint in (obj.get("spec") or {}).get("taints") or []
+        if taint.get("effect") in BLOCKING_EFFECTS
+        and not str(taint.get("key") or "").startswith(CONDITION_TAINTS)
+    )
+    return Node(meta["name"], dict(meta.get("labels") or {}), memory, taints)
 
 
 def wanted_bytes(svc: VLLMService) -> int | None:
@@ -113,6 +135,9 @@ def candidate(svc: VLLMService) -> Candidate:
         memory_request=serving_memory_request(svc),
         node_selector=dict(svc.spec.runtime.node_selector),
         node_affinity=affinity.node_affinity if affinity is not None else None,
+        tolerations=tuple(
+            t.model_dump(by_alias=True, exclude_none=True) for t in svc.spec.runtime.tolerations
+        ),
     )
 
 
@@ -147,11 +172,34 @@ def _term_matches(term: Manifest, node: Node) -> bool:
     return labels and fields
 
 
-def node_matches(node: Node, node_selector: Mapping[str, str], node_affinity: Manifest | None) -> bool:
-    """Whether the scheduler may place a pod with this nodeSelector and node affinity on `node`, as far as
-    labels go: every selector label, and one of the required affinity's terms (ORed; a term's expressions
-    ANDed). Taints and preferred affinity are not considered."""
+def tolerated(taint: Taint, tolerations: Iterable[Manifest]) -> bool:
+    """Whether one of `tolerations` tolerates `taint` (core/v1 semantics: an empty key with Exists
+    tolerates every taint, an empty effect every effect, Equal compares the value)."""
+    for toleration in tolerations:
+        key, effect = toleration.get("key") or "", toleration.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        if toleration.get("operator") == "Exists":
+            if not key or key == taint.key:
+                return True
+        elif key == taint.key and (toleration.get("value") or "") == taint.value:
+            return True
+    return False
+
+
+def node_matches(
+    node: Node,
+    node_selector: Mapping[str, str],
+    node_affinity: Manifest | None,
+    tolerations: Iterable[Manifest] = (),
+) -> bool:
+    """Whether the scheduler may place a pod with this nodeSelector, node affinity and tolerations on
+    `node`: every selector label, one of the required affinity's terms (ORed; a term's expressions ANDed),
+    and every lasting NoSchedule or NoExecute taint tolerated. Preferred affinity is not considered."""
     if any(node.labels.get(key) != value for key, value in node_selector.items()):
+        return False
+    tolerations = list(tolerations)
+    if not all(tolerated(taint, tolerations) for taint in node.taints):
         return False
     required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
@@ -200,7 +248,7 @@ def plan_warming(
                 f" earlier{named}; raise STOKER_NODE_WARMING_BUDGET_GIB or turn warming off elsewhere",
             )
             continue
-        matching = [n for n in nodes if node_matches(n, c.node_selector, c.node_affinity)]
+        matching = [n for n in nodes if node_matches(n, c.node_selector, c.node_affinity, c.tolerations)]
         needed = wanted + c.memory_request
         if not any(n.allocatable_memory >= needed for n in matching):
             if matching:
@@ -210,7 +258,7 @@ def plan_warming(
                     f" {gib(largest.allocatable_memory)} allocatable"
                 )
             else:
-                where = "no node matches the replicas' nodeSelector and required node affinity"
+                where = "no node matches the replicas' nodeSelector, required node affinity and tolerations"
             skip(
                 NODE_MEMORY_TOO_SMALL,
                 f"Needs {gib(needed)} of a node's memory ({gib(wanted)} warm beside a serving pod's"
