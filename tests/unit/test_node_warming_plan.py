@@ -268,8 +268,10 @@ def test_a_candidate_counts_the_seeds_checkpoint_and_import_pages() -> None:
     raw["status"] = {"startup": {"model": facts, "modelCacheKey": short_cache_key(svc)}}
     reported = VLLMService.model_validate(raw)
     seen = candidate(reported)
-    assert seen.wanted_bytes == 16 * GIB + IMPORT_PAGES_BYTES
+    assert seen.wanted_bytes == 16 * GIB + IMPORT_PAGES_BYTES  # a seed that did not say: the estimate
     assert seen.node_selector == {"gpu": "h100"} and seen.created == "2026-11-27T00:00:00Z"
+    raw["status"]["startup"]["model"]["importPagesBytes"] = 1724613741  # what vLLM 0.26's seed recorded
+    assert candidate(VLLMService.model_validate(raw)).wanted_bytes == 16 * GIB + 1724613741
 
 
 def ready_pod(node_name: str, ready: bool) -> dict[str, Any]:

@@ -27,11 +27,13 @@ CONFIG = {
 }
 
 
-def printed(argv: list[str], seconds: float = seed.FACTS_SECONDS) -> str:
+def printed(
+    argv: list[str], seconds: float = seed.FACTS_SECONDS, import_pages_bytes: int | None = None
+) -> str:
     """What the seed prints about the model for `argv` (what the seed pod runs, without the server)."""
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-        seed.print_model_facts(argv, SkipLines(seed.LINE_PREFIX), seconds)
+        seed.print_model_facts(argv, SkipLines(seed.LINE_PREFIX), seconds, import_pages_bytes)
     return output.getvalue()
 
 
@@ -50,6 +52,17 @@ def test_a_local_model_gives_one_facts_line_the_operator_parses(tmp_path: Path) 
     read_here = ModelFacts.model_validate(read_model_facts(str(directory)))
     assert facts.model_copy(update={"host": None}) == read_here
     assert facts.layers == 2 and facts.checkpoint_bytes == 4096 and facts.tokenizer_bytes == 2
+
+
+def test_the_facts_line_says_how_many_import_pages_the_seed_recorded(tmp_path: Path) -> None:
+    argv = ["vllm", "serve", str(model_dir(tmp_path)), "--served-model-name", "m"]
+    (line,) = printed(argv, import_pages_bytes=1724613741).splitlines()
+    facts = parse_facts_line(line)
+    assert facts is not None and facts.import_pages_bytes == 1724613741
+    # A pod's line is untrusted: more than the read-ahead would ever read of a listing is refused.
+    forged = line.replace("1724613741", str(17 << 30))
+    with pytest.raises(ValueError, match="importPagesBytes"):
+        parse_facts_line(forged)
 
 
 def test_a_streamer_uri_prints_no_facts() -> None:

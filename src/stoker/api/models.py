@@ -1295,6 +1295,11 @@ class ModelFactsStatus(_StatusModel):
             " (to 0.01 GiB)."
         ),
     )
+    import_pages_bytes: int | None = Field(
+        default=None,
+        description="Bytes of the image's files a cold start's imports read, as the seed recorded them:"
+        " serving pods read them first, and node warming keeps them resident.",
+    )
     host: HostFactsStatus | None = Field(
         default=None,
         description="The host facts the seed measured next to the model's: a hardware class without"

@@ -25,9 +25,9 @@ from stoker.render.memory import GIB, checkpoint_bytes, default_memory_request_b
 
 Manifest = dict[str, Any]
 
-# The import pages the seed records (stoker.inpod.seed): measured 1.7 GB for vLLM 0.26 on H100 hosts
-# (bench/results/coldstart-h100-v0.26.0-pages*.json). The seed prints their size in its log but status does
-# not carry it, so this figure stands in, rounded up.
+# The import pages the seed records (stoker.inpod.seed), until its facts line has said how many it
+# recorded (status.startup.model.importPagesBytes; seeds before 2026-11-27 did not): measured 1.7 GB for
+# vLLM 0.26 on H100 hosts (bench/results/coldstart-h100-v0.26.0-pages*.json), rounded up.
 IMPORT_PAGES_BYTES = 2 * GIB
 
 WAITING_FOR_SEED = "WaitingForSeed"
@@ -109,11 +109,15 @@ def node_of(obj: Manifest) -> Node:
 
 def wanted_bytes(svc: VLLMService) -> int | None:
     """Bytes a warmer keeps per node: the checkpoint as the seed measured it, plus the import pages where
-    a seed records them; None before the seed has reported."""
+    a seed records them (as it reported them, else an estimate); None before the seed has reported."""
     weights = checkpoint_bytes(svc)
     if weights is None:
         return None
-    return weights + (IMPORT_PAGES_BYTES if seed_wanted(svc) else 0)
+    if not seed_wanted(svc):
+        return weights
+    startup = svc.status.startup if svc.status is not None else None
+    recorded = startup.model.import_pages_bytes if startup is not None and startup.model is not None else None
+    return weights + (IMPORT_PAGES_BYTES if recorded is None else recorded)
 
 
 def serving_memory_request(svc: VLLMService) -> int:

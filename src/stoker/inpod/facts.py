@@ -14,6 +14,8 @@ from collections.abc import Callable
 FACTS_LOG_PREFIX = "stoker-model-facts: "
 # A facts line is a few hundred characters; anything much longer is not one to parse.
 MAX_FACTS_LINE_LENGTH = 4096
+# The seed's import pages' size (stoker.inpod.seed), beside the model's facts.
+IMPORT_PAGES_KEY = "importPagesBytes"
 
 
 def read_model_facts(

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
 from stoker.inpod import options_and_command, program_parser, working_directory_first
-from stoker.inpod.facts import FACTS_LOG_PREFIX, MAX_FACTS_LINE_LENGTH, read_model_facts
+from stoker.inpod.facts import FACTS_LOG_PREFIX, IMPORT_PAGES_KEY, MAX_FACTS_LINE_LENGTH, read_model_facts
 from stoker.inpod.host import HOST_FACTS_KEY, measure_host
 from stoker.inpod.pagecache import SkipLines, evict_pages, files_under, resident_pages, server_has_child
 
@@ -78,15 +78,20 @@ def local_model_dir(argv: list[str]) -> str | None:
     return snapshot_download(model, revision=flag_value(argv, REVISION_FLAG), local_files_only=True)
 
 
-def model_facts_line(argv: list[str], skipped: Callable[[str, str], None]) -> str | None:
-    """The facts line of the model the server serves, with the host's facts; a line that says why there
-    are none; or None where there is no local model to read (a streamer URI)."""
+def model_facts_line(
+    argv: list[str], skipped: Callable[[str, str], None], import_pages_bytes: int | None = None
+) -> str | None:
+    """The facts line of the model the server serves, with the host's facts and the size of the import
+    pages recorded; a line that says why there are none; or None where there is no local model to read (a
+    streamer URI)."""
     try:
         model_dir = local_model_dir(argv)
         if not model_dir:
             return None
         facts = read_model_facts(model_dir, skipped)
         facts[HOST_FACTS_KEY] = measure_host(model_dir, skipped)
+        if import_pages_bytes is not None:
+            facts[IMPORT_PAGES_KEY] = import_pages_bytes
         document = json.dumps(facts, sort_keys=True)
     except Exception as error:
         return f"{LINE_PREFIX}no model facts ({error!r:.300})"
@@ -97,10 +102,17 @@ def model_facts_line(argv: list[str], skipped: Callable[[str, str], None]) -> st
 
 
 def print_model_facts(
-    argv: list[str], skipped: Callable[[str, str], None], seconds: float = FACTS_SECONDS
+    argv: list[str],
+    skipped: Callable[[str, str], None],
+    seconds: float = FACTS_SECONDS,
+    import_pages_bytes: int | None = None,
 ) -> None:
     found = []
-    reading = threading.Thread(target=lambda: found.append(model_facts_line(argv, skipped)), daemon=True)
+
+    def read() -> None:
+        found.append(model_facts_line(argv, skipped, import_pages_bytes))
+
+    reading = threading.Thread(target=read, daemon=True)
     reading.start()
     reading.join(seconds)
     line = found[0] if found else f"{LINE_PREFIX}no model facts (still reading after {seconds} s)"
@@ -109,10 +121,15 @@ def print_model_facts(
 
 
 def record_import_pages(
-    server: subprocess.Popen[bytes], listing: str, image_files: list[str], skipped: Callable[[str, str], None]
+    server: subprocess.Popen[bytes],
+    listing: str,
+    image_files: list[str],
+    skipped: Callable[[str, str], None],
+    recorded: list[int],
 ) -> None:
     """Once the server has started its engine process, write the resident pages of the image's files and
-    of the files the server maps to `listing` (`path start end` lines), replacing it whole."""
+    of the files the server maps to `listing` (`path start end` lines), replacing it whole; their size goes
+    into `recorded`."""
     while server.poll() is None and not server_has_child(server.pid, 0):
         time.sleep(0.2)
     if server.poll() is not None:
@@ -132,6 +149,7 @@ def record_import_pages(
             out.writelines(b"%s %d %d\n" % (os.fsencode(path), start, end) for path, start, end in pages)
         os.replace(listing + ".part", listing)
         size = sum(end - start for _, start, end in pages)
+        recorded.append(size)
         print(f"{LINE_PREFIX}recorded {size} bytes of the imports' pages in {listing}", flush=True)
     except Exception as error:
         print(f"{LINE_PREFIX}no import pages recorded ({error!r:.300})", flush=True)
@@ -212,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     image_files = files_under([path for path in import_paths if os.path.isdir(path)], skipped)
     evict_pages(image_files)
     server = subprocess.Popen(command)
-    recording = (server, listing, image_files, skipped)
-    threading.Thread(target=record_import_pages, args=recording, daemon=True).start()
+    recorded: list[int] = []
+    recording = threading.Thread(
+        target=record_import_pages, args=(server, listing, image_files, skipped, recorded), daemon=True
+    )
+    recording.start()
 
     def stop(*_: object) -> None:
         server.terminate()
@@ -224,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if code is not None:
         return code
     print(f"{LINE_PREFIX}server is healthy, the compile cache is seeded", flush=True)
-    print_model_facts(command, skipped)
+    recording.join(FACTS_SECONDS)  # done long before, as a rule: the engine process starts before /health
+    print_model_facts(command, skipped, import_pages_bytes=recorded[0] if recorded else None)
     model = command[command.index(SERVED_MODEL_NAME_FLAG) + 1]
     warm_up(port, model)
     stop_server(server)

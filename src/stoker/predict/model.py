@@ -27,6 +27,9 @@ _MAJOR_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+.]\S*)?$")
 # status, the fleet's observations or a prediction. The largest checkpoints are a few TB, the deepest
 # models a few hundred layers, the widest vocabularies about a million tokens.
 MAX_CHECKPOINT_BYTES = 1 << 46  # 64 TiB
+# The seed's import pages: serving pods' read-ahead reads at most 16 GiB of a listing
+# (stoker.inpod.read_ahead.listed_ranges); vLLM 0.26's are 1.7 GB.
+MAX_IMPORT_PAGES_BYTES = 16 << 30
 MAX_LAYERS = 4096
 MAX_WIDTH = 1 << 20  # hidden and intermediate sizes
 MAX_HEADS = 4096
@@ -110,6 +113,10 @@ class ModelFacts(_Document):
     dtype: str | None = Field(default=None, pattern=_DTYPE)
     checkpoint_bytes_source: CheckpointBytesSource | None = Field(
         default=None, exclude_if=lambda source: source is None
+    )
+    # What the seed recorded of the image's files that a cold start's imports read (its `--pages` listing).
+    import_pages_bytes: int | None = Field(
+        default=None, ge=0, le=MAX_IMPORT_PAGES_BYTES, exclude_if=lambda size: size is None
     )
     host: HostFacts | None = Field(default=None, exclude_if=lambda host: host is None)
 
