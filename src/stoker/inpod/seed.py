@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if code is not None:
         return code
     print(f"{LINE_PREFIX}server is healthy, the compile cache is seeded", flush=True)
-    recording.join(FACTS_SECONDS)  # done long before, as a rule: the engine process starts before /health
+    if server_has_child(server.pid, 0):
+        recording.join(FACTS_SECONDS)  # the engine process has started, so the listing is being written
     print_model_facts(command, skipped, import_pages_bytes=recorded[0] if recorded else None)
     model = command[command.index(SERVED_MODEL_NAME_FLAG) + 1]
     warm_up(port, model)
