@@ -259,22 +259,22 @@ def seed_engine_invocation(svc: VLLMService) -> Invocation:
     return _rendered(svc, "seed", Variant())
 
 
+def patched_service(svc: VLLMService, profile: str) -> VLLMService:
+    """`svc` with `profile`'s spec changes (its cache key, so its import-pages listing, may differ)."""
+    return _patched(svc, VARIANTS[profile].spec)
+
+
 def seed_key(svc: VLLMService, profile: str) -> str:
     """stoker's compile-cache key of `profile`'s spec: profiles with the default's share its seed."""
-    return cache_key(_patched(svc, VARIANTS[profile].spec))
+    return cache_key(patched_service(svc, profile))
 
 
 def seed_invocation(svc: VLLMService, profile: str = DEFAULT_PROFILE) -> Invocation:
     """What the seed Job of `profile`'s spec runs: the wrapper around the seed's `vllm serve`."""
-    patched = _patched(svc, VARIANTS[profile].spec)
+    patched = patched_service(svc, profile)
     engine = seed_engine_invocation(patched)
     wrapped = render_seed_invocation(patched)
     return dataclasses.replace(engine, argv=[*wrapped.command, *wrapped.args], exits_by_itself=True)
-
-
-def patched_service(svc: VLLMService, profile: str) -> VLLMService:
-    """`svc` with `profile`'s spec changes (its cache key, so its import-pages listing, may differ)."""
-    return _patched(svc, VARIANTS[profile].spec)
 
 
 def serve_invocation(svc: VLLMService, profile: str) -> Invocation:

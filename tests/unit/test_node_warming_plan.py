@@ -24,6 +24,7 @@ from stoker.controller.warming import (
 )
 from stoker.render import NODE_WARMER_PORT, Warming, build_deployment, render_children, short_cache_key
 from stoker.render.prefetch import read_ahead_paths, serving_invocation
+from tests.unit.test_render_memory import FACTS
 
 GIB = 1 << 30
 BUDGET, RESERVE = 32 * GIB, 4 * GIB
@@ -252,18 +253,7 @@ def test_a_node_whose_taints_the_replicas_do_not_tolerate_is_not_one_they_land_o
 def test_a_candidate_counts_the_seeds_checkpoint_and_import_pages() -> None:
     svc = service()
     assert candidate(svc).wanted_bytes is None  # the seed has not reported
-    facts = {
-        "checkpointBytes": 16 * GIB,
-        "layers": 32,
-        "hiddenSize": 4096,
-        "intermediateSize": 14336,
-        "attentionHeads": 32,
-        "kvHeads": 8,
-        "vocabSize": 128256,
-        "tokenizerBytes": 9085657,
-        "moe": False,
-        "experts": 0,
-    }
+    facts = {**FACTS, "checkpointBytes": 16 * GIB}
     raw = svc.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["status"] = {"startup": {"model": facts, "modelCacheKey": short_cache_key(svc)}}
     reported = VLLMService.model_validate(raw)
