@@ -218,3 +218,88 @@ def test_an_api_server_outage_costs_little_and_the_operator_recovers(outage_clus
         print(f"a new service converged {time.monotonic() - restarted:.1f} s after the API server was back")
     assert cpu < CPU_BOUND_SECONDS
     assert len(during) < LOG_LINES_BOUND
+
+
+@pytest.fixture
+def undeletable_services(namespace: str, kubectl) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy that refuses deleting the namespace's VLLMServices: its deletion then
+    removes the children and keeps the VLLMService, the moment a Deployment controller meets when the
+    namespace controller deletes the children before their owner."""
+    policy = f"keep-services-{namespace}"
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "List",
+                "items": [
+                    {
+                        "apiVersion": "admissionregistration.k8s.io/v1",
+                        "kind": "ValidatingAdmissionPolicy",
+                        "metadata": {"name": policy},
+                        "spec": {
+                            "failurePolicy": "Fail",
+                            "matchConstraints": {
+                                "resourceRules": [
+                                    {
+                                        "apiGroups": ["stoker.dev"],
+                                        "apiVersions": ["*"],
+                                        "operations": ["DELETE"],
+                                        "resources": ["vllmservices"],
+                                    }
+                                ]
+                            },
+                            "validations": [{"expression": "false", "message": "kept for the test"}],
+                        },
+                    },
+                    {
+                        "apiVersion": "admissionregistration.k8s.io/v1",
+                        "kind": "ValidatingAdmissionPolicyBinding",
+                        "metadata": {"name": policy},
+                        "spec": {
+                            "policyName": policy,
+                            "validationActions": ["Deny"],
+                            "matchResources": {
+                                "namespaceSelector": {
+                                    "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                                }
+                            },
+                        },
+                    },
+                ],
+            }
+        ),
+    )
+    try:
+        yield
+    finally:
+        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy, check=False)
+
+
+def test_a_service_in_a_namespace_being_deleted_is_let_go_without_an_error(
+    namespace: str,
+    kubectl,
+    cluster: Cluster,
+    crd: None,
+    admin_operator_paused: None,
+    undeletable_services: None,
+) -> None:
+    with own_operator(cluster, namespace, "terminating") as operator:
+        kubectl("apply", "-f", "-", input=service(namespace, "doomed"))
+        wait_for(lambda: converged(kubectl, namespace, "doomed"), what="the service converged")
+        refused = ("-n", namespace, "delete", "vllmservice", "doomed", "--dry-run=server")
+        wait_for(lambda: kubectl(*refused, check=False).returncode != 0, 30, what="the policy in effect")
+        kubectl("delete", "namespace", namespace, "--wait=false")
+        # The namespace controller deletes the Deployment; recreating it is refused (NamespaceTerminating).
+        wait_for(
+            lambda: 'stoker_reconcile_total{result="terminating"}' in operator.metrics(),
+            60,
+            what="a reconcile that met the namespace's deletion",
+        )
+        time.sleep(3)  # a retry, had there been one, comes after 1 s
+        metrics, log = operator.metrics(), operator.log()
+    assert 'stoker_reconcile_total{result="error"}' not in metrics
+    assert "Reconcile failed" not in log, log
+    assert "WARNING stoker.controller.kube: Posting event failed" not in log, log

@@ -20,7 +20,7 @@ from stoker.api import VLLMServiceStatus
 from stoker.controller.cache import ObjectCache
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.decide import ChildrenPlan, Event, Outcome
-from stoker.controller.kube import Kube, Manifest
+from stoker.controller.kube import Kube, Manifest, namespace_terminating
 from stoker.controller.objects import merge_patch
 from stoker.controller.ownership import (
     ChildConflict,
@@ -45,6 +45,10 @@ class InTheWay(Exception):
         self.conflict = conflict
 
 
+class NamespaceTerminating(Exception):
+    """The namespace is being deleted, this VLLMService with it: no child can be created there any more."""
+
+
 class Actor:
     def __init__(self, kube: Kube, cache: ObjectCache, signing_key: str) -> None:
         self.kube = kube
@@ -60,7 +64,8 @@ class Actor:
     ) -> Outcome:
         """Create, apply and delete as planned; refused writes are collected, not raised (the status says
         them, the queue backs off). Returns the `live` children as they are after the writes. Raises
-        InTheWay if the control Secret's name is taken."""
+        InTheWay if the control Secret's name is taken, NamespaceTerminating at the first create the
+        namespace's deletion refuses."""
         namespace, uid = body["metadata"]["namespace"], body["metadata"]["uid"]
         written_children = dict(live)
         apply_errors: list[str] = []
@@ -75,6 +80,8 @@ class Actor:
                 if letting_go:  # the apply may have dropped the reference it once applied itself
                     written = self.kube.patch_json("v1", kind, namespace, name, letting_go)
             except ApiException as error:
+                if namespace_terminating(error):
+                    raise NamespaceTerminating(namespace) from error
                 apply_errors.append(f"{kind} {namespace}/{name}: {api_error_message(error)}")
                 continue
             if written is None:

@@ -71,6 +71,22 @@ def missing_object(error: ApiException, plural: str, name: str) -> bool:
     )
 
 
+def namespace_terminating(error: ApiException) -> bool:
+    """Whether the API server refused a create because the namespace is being deleted (its lifecycle
+    admission's NamespaceTerminating cause): nothing created there would be admitted again."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return False
+    details = body.get("details") if isinstance(body, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return (
+        error.status == 403
+        and isinstance(causes, list)
+        and any(isinstance(cause, dict) and cause.get("reason") == "NamespaceTerminating" for cause in causes)
+    )
+
+
 class LeaseLost(Exception):
     """This replica's term may have passed to another replica: it must write nothing more."""
 
@@ -357,7 +373,9 @@ class Kube:
             created = self.core.create_namespaced_event(meta["namespace"], cast(Any, event))
             self._remember_event(same, str(created.metadata.name), 1, time.monotonic())
         except ApiException as error:
-            log.warning("Posting event failed reason=%s status=%s", reason, error.status)
+            # A namespace being deleted refuses new Events as it does everything new: not worth a warning.
+            level = logging.DEBUG if namespace_terminating(error) else logging.WARNING
+            log.log(level, "Posting event failed reason=%s status=%s", reason, error.status)
 
     def _remember_event(self, same: tuple[str, str, str, str], name: str, count: int, first: float) -> None:
         with self._events_guard:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from stoker.api import GROUP, VLLMService, user_message
 from stoker.controller import metrics
-from stoker.controller.act import Actor, InTheWay
+from stoker.controller.act import Actor, InTheWay, NamespaceTerminating
 from stoker.controller.cache import ObjectCache
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.decide import (
@@ -83,6 +83,11 @@ class Reconciler:
                 raise
             # Deleted after the watch cache last saw it (its DELETED event is on the way).
             return self._forget(key)
+        except NamespaceTerminating:
+            # The namespace controller deletes this object next: not an error, nothing to retry.
+            result = "terminating"
+            log.debug("Namespace being deleted vllmservice=%s/%s", namespace, name)
+            return self._forget(key)
         finally:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.labels(result).observe(time.monotonic() - started)
@@ -94,7 +99,8 @@ class Reconciler:
         return GONE
 
     def _reconcile(self, body: Manifest, resync: bool) -> tuple[str, float | None]:
-        """Returns the result for metrics (converged, waiting, conflict or invalid) and when to look again."""
+        """Returns the result for metrics (converged, waiting, conflict or invalid) and when to look again;
+        raises NamespaceTerminating once the namespace's deletion refuses a child."""
         try:
             svc = VLLMService.model_validate(body)
         except ValidationError as error:
