@@ -1,6 +1,6 @@
 """`make predictor-cpu`: the CPU starts the predictor is fitted and judged on, with real vLLM CPU builds.
 
-    python -m bench.predictor.cpu_sweep [--shapes NAME,...] [--runs-only]
+    python -m bench.predictor.cpu_sweep [--shapes NAME,...] [--runs-only] [--runs-dir DIR --record-only]
 
 For every CPU shape (bench/predictor/shapes.py) it writes a tiny checkpoint of that shape
 (bench/conformance/tiny_model.py) and starts vLLM on it as the conformance harness does (the same rendered
@@ -22,7 +22,10 @@ with the model's facts (stoker.predict.facts) and the engine settings of its arg
 log shows (stoker.predict.settings), the format bench/predictor/validate.py reads. Last, validate fits on
 the four fitted shapes and judges the two held out (bench/results/predictor-cpu.json), and fits the shipped
 CPU coefficients on all six (src/stoker/predict/coefficients/cpu_x0_v<major.minor>.json). --runs-only
-redoes these last steps from the starts already recorded.
+redoes these last steps from the starts already recorded. --runs-dir records into another directory and
+--record-only stops after runs.jsonl: a sweep of another host (bench/predictor/cross_hardware.py) that
+must not refit the shipped set. Each start's record holds the seed's CPU probe (`cpuSeconds`,
+stoker.inpod.host), taken just before it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from bench.predictor import validate
 from bench.predictor.shapes import CPU_SHAPES, SHAPES, Shape
 
 from stoker.inpod.facts import read_model_facts
+from stoker.inpod.host import measure_host
 from stoker.phases import parse_log
 from stoker.predict import HardwareClass
 from stoker.predict.settings import engine_settings, logged_settings
@@ -126,7 +130,7 @@ def drop_page_cache() -> bool:
     return True
 
 
-def run_start(start: Start, container: dict[str, Any], version: str) -> dict[str, Any]:
+def run_start(start: Start, container: dict[str, Any], version: str, runs_dir: Path) -> dict[str, Any]:
     """One start to readiness (a seed: to its own exit); the record starts.jsonl keeps."""
     if start.profile == SEED_PROFILE:
         empty(WORK_DIR / "cache" / start.shape.name)
@@ -152,9 +156,10 @@ def run_start(start: Start, container: dict[str, Any], version: str) -> dict[str
         "env": env,
         "pageCacheDropped": drop_page_cache(),
         "loadAverage": [round(load, 2) for load in os.getloadavg()],
+        "cpuSeconds": measure_host(None)["cpuSeconds"],
         "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    process = RecordedProcess(["nice", "-n", str(ENGINE_PRIORITY), *argv], env, RUNS_DIR / start.log)
+    process = RecordedProcess(["nice", "-n", str(ENGINE_PRIORITY), *argv], env, runs_dir / start.log)
     if start.profile == SEED_PROFILE:
         code = process.wait(START_TIMEOUT_SECONDS)
         record["ready"] = code == 0
@@ -172,17 +177,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def sweep(version: str, shapes: tuple[Shape, ...]) -> None:
+def sweep(version: str, shapes: tuple[Shape, ...], runs_dir: Path) -> None:
     ensure_venv(version)
     write_models(version, shapes)
     containers = profile_containers(version)
-    starts_file = RUNS_DIR / STARTS_FILE
+    starts_file = runs_dir / STARTS_FILE
     done = {record["log"] for record in read_jsonl(starts_file)}
     began = time.monotonic()
     for start in plan(shapes):
         if start.log in done:
             continue
-        record = run_start(start, containers[start.profile], version)
+        record = run_start(start, containers[start.profile], version, runs_dir)
         with starts_file.open("a") as out:
             out.write(json.dumps(record, sort_keys=True) + "\n")
         print(
@@ -214,6 +219,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.predictor.cpu_sweep", description=__doc__)
     parser.add_argument("--shapes", help="comma-separated CPU shape names (default: all six)")
     parser.add_argument("--runs-only", action="store_true", help="only rewrite runs.jsonl")
+    parser.add_argument("--runs-dir", type=Path, default=RUNS_DIR, help=f"default: {RUNS_DIR}")
+    parser.add_argument(
+        "--record-only", action="store_true", help="stop after runs.jsonl: no fit, no shipped coefficients"
+    )
     args = parser.parse_args(argv)
     version = default_version()
     cpu_shapes = {shape.name: shape for shape in CPU_SHAPES}
@@ -221,14 +230,17 @@ def main(argv: list[str]) -> int:
     unknown = [name for name in names if name not in cpu_shapes]
     if unknown:
         parser.error(f"not a CPU shape: {' '.join(unknown)}; known: {' '.join(cpu_shapes)}")
-    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    runs_dir = args.runs_dir.resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
     if not args.runs_only:
-        sweep(version, tuple(cpu_shapes[name] for name in names))
-    print(f"{write_runs(RUNS_DIR, WORK_DIR, version)} starts in {RUNS_DIR / RUNS_FILE}")
+        sweep(version, tuple(cpu_shapes[name] for name in names), runs_dir)
+    print(f"{write_runs(runs_dir, WORK_DIR, version)} starts in {runs_dir / RUNS_FILE}")
+    if args.record_only:
+        return 0
     hardware = HardwareClass(gpu_product="cpu", gpu_count=0, engine_version=version).key
     return validate.main(
         [
-            str(RUNS_DIR.relative_to(REPO)),
+            str(runs_dir),
             f"--hardware={hardware}",
             f"--out={RESULTS_JSON.relative_to(REPO)}",
             f"--coefficients-out={(COEFFICIENTS_DIR / f'{hardware}.json').relative_to(REPO)}",

@@ -41,7 +41,8 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
     gentle = ["--gentle", str(GENTLE_BYTES), "--request", str(WIDE_REQUEST_BYTES)]
     # First the pages the seed recorded (same cache key, so the same image), then the checkpoint.
     pages = ["--pages", f"/var/cache/vllm/stoker/import-pages-{short_cache_key(svc)}"]
-    # vLLM runs in the wrapper's process, its garbage collector off until its imports are done.
+    # vLLM runs in the wrapper's process, its garbage collector off until its imports are done, with
+    # torch's ptxas as the seed's (tests/unit/test_pin_ptxas.py).
     assert serving.command == [
         "python3",
         "-m",
@@ -50,6 +51,7 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
         *pages,
         "--gc",
         "deferred",
+        "--pin-ptxas",
         "/models/llama-8b",
         "--",
         "vllm",

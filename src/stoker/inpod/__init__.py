@@ -13,7 +13,12 @@ the standard library only, and nothing of stoker but this package and stoker.gua
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
+from collections.abc import MutableMapping
+
+PTXAS_ENV = "TRITON_PTXAS_PATH"
 
 
 def program_parser(module: str, description: str | None, usage: str | None = None) -> argparse.ArgumentParser:
@@ -39,3 +44,27 @@ def working_directory_first() -> bool:
     """Whether `python3 -m` put the working directory first on sys.path: always but with -P or -I (which
     Python 3.11 added), in an image whose python3 may be older."""
     return not getattr(sys.flags, "safe_path", False)
+
+
+def pin_ptxas(environ: MutableMapping[str, str] = os.environ) -> str:
+    """Point TRITON_PTXAS_PATH at torch's own ptxas before vLLM starts, unless it is set; returns a line
+    that says what it did.
+
+    Why: Triton's kernel cache key holds the version of the ptxas it compiles with, and torch's Inductor sets
+    this variable to torch's ptxas (torch 2.11: CUDA 13.0; Triton 3.6 bundles 12.8) in any process where it
+    compiles a kernel, so whether a kernel compiled in the engine process is keyed to one ptxas or the other
+    depended on what ran first. A start that loads compiled artifacts then missed the Triton cache its seed
+    had written and compiled vLLM's own kernels again (bench/results/coldstart-h200-warm2*). Pinned, every
+    start of every role keys them alike. Found without importing torch."""
+    if PTXAS_ENV in environ:
+        return f"{PTXAS_ENV}={environ[PTXAS_ENV]} (set already)"
+    try:
+        torch = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        torch = None
+    for directory in (torch.submodule_search_locations or []) if torch else []:
+        ptxas = os.path.join(directory, "bin", "ptxas")
+        if os.path.isfile(ptxas) and os.access(ptxas, os.X_OK):
+            environ[PTXAS_ENV] = ptxas
+            return f"{PTXAS_ENV}={ptxas}"
+    return f"{PTXAS_ENV} not set: no executable torch/bin/ptxas"

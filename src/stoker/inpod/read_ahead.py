@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
-from stoker.inpod import options_and_command, program_parser, working_directory_first
+from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
 from stoker.inpod.pagecache import SkipLines, data_segments, open_regular, server_has_child, walk_files
 
 # What the reader process may map (RLIMIT_AS) beyond what it was forked with: its memory counts against the
@@ -286,7 +286,8 @@ def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None
 
 
 def parser() -> argparse.ArgumentParser:
-    usage = "%(prog)s [--gentle BYTES] [--request BYTES] [--pages LISTING] [--gc {deferred,on}] PATH..."
+    usage = "%(prog)s [--gentle BYTES] [--request BYTES] [--pages LISTING] [--gc {deferred,on}] [--pin-ptxas]"
+    usage += " PATH..."
     usage += " -- COMMAND..."
     described = program_parser("stoker.inpod.read_ahead", __doc__, usage)
     described.add_argument(
@@ -318,6 +319,12 @@ def parser() -> argparse.ArgumentParser:
         default="on",
         help="deferred: run COMMAND's console script in this process, its garbage collector off until the"
         " engine process starts (exec'd if it is not a script of this python3); on (default): exec COMMAND",
+    )
+    described.add_argument(
+        "--pin-ptxas",
+        action="store_true",
+        help="set TRITON_PTXAS_PATH to torch's ptxas for COMMAND, unless it is set, as the seed Job does"
+        " (Triton keys its kernel cache by the ptxas version)",
     )
     described.add_argument(
         "paths",
@@ -374,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = described.parse_args(options)
     if not command:
         described.error("no COMMAND after --")
+    if settings.pin_ptxas:
+        print(f"{LINE_PREFIX}{pin_ptxas()}", file=sys.stderr, flush=True)
     server = os.getpid()
     reader = os.fork()
     if reader == 0:

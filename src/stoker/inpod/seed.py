@@ -7,6 +7,8 @@ the cache volume), stops the server and exits 0; it exits with the server's code
 first. With --start-again it then starts the server once more, waits for /health, sends the completion
 and stops it: a start that loads what the first one compiled may JIT-compile kernels of its own (vLLM's
 mega AOT artifact does, under other Triton cache keys), and serving pods then find them on the volume.
+With --pin-ptxas every start uses torch's ptxas (stoker.inpod.pin_ptxas), as the serving pods' read-ahead
+does, so that the Triton kernels it compiles are keyed as theirs are.
 
 Before the server starts, the image's Python files (everything under sys.path) are dropped from the page
 cache; once the server starts its engine process (its imports are done), the pages of them and of the files
@@ -29,7 +31,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
-from stoker.inpod import options_and_command, program_parser, working_directory_first
+from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
 from stoker.inpod.facts import FACTS_LOG_PREFIX, IMPORT_PAGES_KEY, MAX_FACTS_LINE_LENGTH, read_model_facts
 from stoker.inpod.host import HOST_FACTS_KEY, measure_host
 from stoker.inpod.pagecache import SkipLines, evict_pages, files_under, resident_pages, server_has_child
@@ -171,7 +173,7 @@ def warm_up(port: str, model: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    usage = "%(prog)s --pages LISTING [--start-again] -- COMMAND..."
+    usage = "%(prog)s --pages LISTING [--start-again] [--pin-ptxas] -- COMMAND..."
     described = program_parser("stoker.inpod.seed", __doc__, usage)
     described.add_argument(
         "--pages",
@@ -184,6 +186,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="once the first server stopped, start it again (loading what the first compiled), wait for it"
         " to be healthy, send the completion and stop it",
+    )
+    described.add_argument(
+        "--pin-ptxas",
+        action="store_true",
+        help="set TRITON_PTXAS_PATH to torch's ptxas for COMMAND, unless it is set (Triton keys its kernel"
+        " cache by the ptxas version)",
     )
     return described
 
@@ -229,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     import_paths = sys.path[1:] if working_directory_first() else sys.path
     image_files = files_under([path for path in import_paths if os.path.isdir(path)], skipped)
     evict_pages(image_files)
+    if settings.pin_ptxas:
+        print(f"{LINE_PREFIX}{pin_ptxas()}", flush=True)
     server = subprocess.Popen(command)
     recorded: list[int] = []
     recording = threading.Thread(

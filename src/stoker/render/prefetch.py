@@ -61,7 +61,9 @@ def read_ahead_command(
 ) -> list[str]:
     """The command that runs the read-ahead (stoker.inpod.read_ahead) over `paths` (after the pages listed
     in `pages`, if given; in requests of at most `request` bytes, if given; the server in this process with
-    its garbage collector off during its imports, if `defer_gc`); the server's argv follows."""
+    its garbage collector off during its imports, if `defer_gc`); the server's argv follows. The server
+    runs with torch's ptxas pinned, as the seed's does (render.seed): the Triton kernels the seed compiled
+    are keyed as these pods look them up."""
     options = ["--gentle", str(gentle), *(["--request", str(request)] if request else [])]
     return [
         "python3",
@@ -70,6 +72,7 @@ def read_ahead_command(
         *options,
         *(["--pages", pages] if pages else []),
         *(["--gc", "deferred"] if defer_gc else []),
+        "--pin-ptxas",
         *paths,
         "--",
     ]

@@ -7,7 +7,7 @@ import dataclasses
 from stoker.api import VLLMService
 from stoker.inpod import seed as seed_program
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
-from stoker.render.engine import EngineInvocation, engine_invocation, loads_mega_aot_artifact
+from stoker.render.engine import EngineInvocation, engine_invocation, loads_mega_aot_artifact, reads_ahead
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     COMPONENT_SEED,
@@ -44,10 +44,16 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     loads the artifact JIT-compiles Triton kernels the compiling start compiled under other cache keys
     (measured on an H200 with vLLM 0.26.0: 22 kernels, 10.7 s of every serving start;
     docs/benchmarks/h200.md).
+
+    Where serving pods read ahead, the seed pins TRITON_PTXAS_PATH as their read-ahead does
+    (stoker.inpod.pin_ptxas): Triton keys a kernel by the ptxas that compiled it, and which one a process
+    used depended on what ran first in it.
     """
     engine = engine_invocation(svc, "seed")
     again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
-    recorded = ["--pages", import_pages_listing(svc), *again, "--"]
+    # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins.
+    pin = ["--pin-ptxas"] if reads_ahead(svc) else []
+    recorded = ["--pages", import_pages_listing(svc), *again, *pin, "--"]
     return dataclasses.replace(
         engine, command=["python3", "-m", seed_program.__name__], args=[*recorded, *engine.argv]
     )
