@@ -36,3 +36,38 @@ def wait_ready(
         return svc if condition(svc, "Ready").get("status") == "True" else None
 
     return wait_for(ready, timeout, what=f"{namespace}/{name} Ready=True")
+
+
+def apply_namespace_policy(
+    kubectl: Callable[..., Any], name: str, namespace: str, rule: dict[str, Any], validation: dict[str, Any]
+) -> None:
+    """A ValidatingAdmissionPolicy named `name` that denies, in `namespace` only, the requests `rule` matches
+    (one resourceRules entry) unless `validation` holds; its binding has the same name."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [rule]},
+            "validations": [validation],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    items = {"apiVersion": "v1", "kind": "List", "items": [policy, binding]}
+    kubectl("apply", "-f", "-", input=json.dumps(items))
+
+
+def delete_policy(kubectl: Callable[..., Any], name: str) -> None:
+    kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name, check=False)

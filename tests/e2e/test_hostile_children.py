@@ -20,7 +20,7 @@ import pytest
 from stoker.api import VLLMService
 from stoker.render import short_cache_key
 from tests.e2e.fleet import Fleet, standby_service
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import apply_namespace_policy, condition, delete_policy, get_json, wait_for, wait_ready
 from tests.fakevllm import FakeEngine
 
 pytestmark = pytest.mark.e2e
@@ -368,45 +368,21 @@ def refuse_status_of_labelled_services(kubectl: Any, namespace: str) -> str:
     """A ValidatingAdmissionPolicy that refuses every status write changing status.cache of a VLLMService
     labelled refuse-status in `namespace`, as a policy or an older CRD's schema would; returns its name."""
     name = f"refuse-status-{namespace}"
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["stoker.dev"],
-                        "apiVersions": ["*"],
-                        "operations": ["UPDATE"],
-                        "resources": ["vllmservices/status"],
-                    }
-                ]
-            },
-            "validations": [
-                {
-                    "expression": "!('refuse-status' in object.metadata.?labels.orValue({}))"
-                    " || object.?status.?cache == oldObject.?status.?cache",
-                    "message": "status.cache is not accepted here",
-                }
-            ],
+    apply_namespace_policy(
+        kubectl,
+        name,
+        namespace,
+        {
+            "apiGroups": ["stoker.dev"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["vllmservices/status"],
         },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
+        {
+            "expression": "!('refuse-status' in object.metadata.?labels.orValue({}))"
+            " || object.?status.?cache == oldObject.?status.?cache",
+            "message": "status.cache is not accepted here",
         },
-    }
-    kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
     )
     return name
 
@@ -428,7 +404,7 @@ def test_a_status_the_api_server_refuses_is_a_condition_and_backs_off(namespace,
         kubectl("-n", namespace, "label", "vllmservice", "mute", "refuse-status-")
         wait_ready(kubectl, namespace, "mute", timeout=90)
     finally:
-        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy, check=False)
+        delete_policy(kubectl, policy)
 
 
 # ------------------------------------------------------------------ any accepted object renders and deletes

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import ARTIFACTS, HACK_CLUSTER, REPO, Cluster, Operator, kubectl_of
-from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.helpers import apply_namespace_policy, delete_policy, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -68,61 +68,25 @@ def refusing_policy(namespace: str, kubectl) -> Iterator[str]:
     """A ValidatingAdmissionPolicy of the cluster that refuses Deployments of more than one replica in the
     test's namespace: a spec the CRD accepts whose child the API server refuses."""
     policy = f"refuse-scale-{namespace}"
-    kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "List",
-                "items": [
-                    {
-                        "apiVersion": "admissionregistration.k8s.io/v1",
-                        "kind": "ValidatingAdmissionPolicy",
-                        "metadata": {"name": policy},
-                        "spec": {
-                            "failurePolicy": "Fail",
-                            "matchConstraints": {
-                                "resourceRules": [
-                                    {
-                                        "apiGroups": ["apps"],
-                                        "apiVersions": ["v1"],
-                                        "operations": ["CREATE", "UPDATE"],
-                                        "resources": ["deployments"],
-                                    }
-                                ]
-                            },
-                            "validations": [
-                                {
-                                    "expression": "!has(object.spec.replicas) || object.spec.replicas <= 1",
-                                    "message": "this cluster runs one replica per Deployment",
-                                }
-                            ],
-                        },
-                    },
-                    {
-                        "apiVersion": "admissionregistration.k8s.io/v1",
-                        "kind": "ValidatingAdmissionPolicyBinding",
-                        "metadata": {"name": policy},
-                        "spec": {
-                            "policyName": policy,
-                            "validationActions": ["Deny"],
-                            "matchResources": {
-                                "namespaceSelector": {
-                                    "matchLabels": {"kubernetes.io/metadata.name": namespace}
-                                }
-                            },
-                        },
-                    },
-                ],
-            }
-        ),
+    apply_namespace_policy(
+        kubectl,
+        policy,
+        namespace,
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["deployments"],
+        },
+        {
+            "expression": "!has(object.spec.replicas) || object.spec.replicas <= 1",
+            "message": "this cluster runs one replica per Deployment",
+        },
     )
     try:
         yield policy
     finally:
-        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy, check=False)
+        delete_policy(kubectl, policy)
 
 
 def test_a_refused_child_backs_off_as_logged_with_one_warning(
@@ -226,56 +190,22 @@ def undeletable_services(namespace: str, kubectl) -> Iterator[None]:
     removes the children and keeps the VLLMService, the moment a Deployment controller meets when the
     namespace controller deletes the children before their owner."""
     policy = f"keep-services-{namespace}"
-    kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "List",
-                "items": [
-                    {
-                        "apiVersion": "admissionregistration.k8s.io/v1",
-                        "kind": "ValidatingAdmissionPolicy",
-                        "metadata": {"name": policy},
-                        "spec": {
-                            "failurePolicy": "Fail",
-                            "matchConstraints": {
-                                "resourceRules": [
-                                    {
-                                        "apiGroups": ["stoker.dev"],
-                                        "apiVersions": ["*"],
-                                        "operations": ["DELETE"],
-                                        "resources": ["vllmservices"],
-                                    }
-                                ]
-                            },
-                            "validations": [{"expression": "false", "message": "kept for the test"}],
-                        },
-                    },
-                    {
-                        "apiVersion": "admissionregistration.k8s.io/v1",
-                        "kind": "ValidatingAdmissionPolicyBinding",
-                        "metadata": {"name": policy},
-                        "spec": {
-                            "policyName": policy,
-                            "validationActions": ["Deny"],
-                            "matchResources": {
-                                "namespaceSelector": {
-                                    "matchLabels": {"kubernetes.io/metadata.name": namespace}
-                                }
-                            },
-                        },
-                    },
-                ],
-            }
-        ),
+    apply_namespace_policy(
+        kubectl,
+        policy,
+        namespace,
+        {
+            "apiGroups": ["stoker.dev"],
+            "apiVersions": ["*"],
+            "operations": ["DELETE"],
+            "resources": ["vllmservices"],
+        },
+        {"expression": "false", "message": "kept for the test"},
     )
     try:
         yield
     finally:
-        kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy, check=False)
+        delete_policy(kubectl, policy)
 
 
 def test_a_service_in_a_namespace_being_deleted_is_let_go_without_an_error(
