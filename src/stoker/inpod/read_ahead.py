@@ -287,8 +287,7 @@ def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None
 
 def parser() -> argparse.ArgumentParser:
     usage = "%(prog)s [--gentle BYTES] [--request BYTES] [--pages LISTING] [--gc {deferred,on}] [--pin-ptxas]"
-    usage += " PATH..."
-    usage += " -- COMMAND..."
+    usage += " PATH... -- COMMAND..."
     described = program_parser("stoker.inpod.read_ahead", __doc__, usage)
     described.add_argument(
         "--gentle",
