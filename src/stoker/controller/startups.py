@@ -306,20 +306,20 @@ class StartupRecorder:
             retry_in = log_retry_in(failures + 1)
             if retry_in is None:
                 log.warning(
-                    "Gave up reading startup log pod=%s/%s status=%s failures=%d: start not recorded",
+                    "Gave up reading startup log pod=%s/%s failures=%d: start not recorded: %s",
                     namespace,
                     pod_name,
-                    error.status,
                     failures + 1,
+                    api_error_message(error),
                 )
             else:
                 log.log(
                     logging.DEBUG if failures else logging.WARNING,
-                    "Reading startup log failed pod=%s/%s status=%s retryIn=%.0fs",
+                    "Reading startup log failed pod=%s/%s retryIn=%.0fs: %s",
                     namespace,
                     pod_name,
-                    error.status,
                     retry_in,
+                    api_error_message(error),
                 )
             if len(self._log_retry) > LOG_RETRY_MEMORY:
                 self._log_retry.clear()
