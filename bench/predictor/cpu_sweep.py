@@ -240,7 +240,7 @@ def main(argv: list[str]) -> int:
     hardware = HardwareClass(gpu_product="cpu", gpu_count=0, engine_version=version).key
     return validate.main(
         [
-            str(runs_dir),
+            os.path.relpath(runs_dir, REPO),  # as the results record it
             f"--hardware={hardware}",
             f"--out={RESULTS_JSON.relative_to(REPO)}",
             f"--coefficients-out={(COEFFICIENTS_DIR / f'{hardware}.json').relative_to(REPO)}",
