@@ -20,7 +20,7 @@ from stoker.api import VLLMServiceStatus
 from stoker.controller.cache import ObjectCache
 from stoker.controller.conditions import Condition, merge_conditions, now_rfc3339
 from stoker.controller.decide import ChildrenPlan, Event, Outcome
-from stoker.controller.kube import Kube, Manifest, namespace_terminating
+from stoker.controller.kube import Kube, Manifest, namespace_terminating, status_body
 from stoker.controller.objects import merge_patch
 from stoker.controller.ownership import (
     ChildConflict,
@@ -256,10 +256,7 @@ class Actor:
 
 def api_error_message(error: ApiException) -> str:
     """The API server's own message for a refused request, with its status code."""
-    try:
-        message = json.loads(error.body or "{}").get("message") or error.reason
-    except (ValueError, AttributeError):
-        message = error.reason
+    message = status_body(error).get("message") or error.reason
     return f"{message} (HTTP {error.status})"
 
 

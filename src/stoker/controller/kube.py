@@ -54,15 +54,21 @@ class ResourceMissing(Exception):
     """The API server does not serve this resource: its CRD is not installed."""
 
 
+def status_body(error: ApiException) -> dict[str, Any]:
+    """The Status object a refused request's body holds; empty where the body is not one (plain text)."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def missing_object(error: ApiException, plural: str, name: str) -> bool:
     """Whether a 404 says that the object is absent (a Status naming it), not its resource: an unknown
     group answers `404 page not found` as text, an unknown resource of a known group a Status without
     the object's name."""
-    try:
-        body = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return False
-    details = body.get("details") if isinstance(body, dict) else None
+    body = status_body(error)
+    details = body.get("details")
     return (
         isinstance(details, dict)
         and body.get("reason") == "NotFound"
@@ -74,11 +80,7 @@ def missing_object(error: ApiException, plural: str, name: str) -> bool:
 def namespace_terminating(error: ApiException) -> bool:
     """Whether the API server refused a create because the namespace is being deleted (its lifecycle
     admission's NamespaceTerminating cause): nothing created there would be admitted again."""
-    try:
-        body = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return False
-    details = body.get("details") if isinstance(body, dict) else None
+    details = status_body(error).get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
     return (
         error.status == 403
