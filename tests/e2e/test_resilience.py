@@ -222,7 +222,10 @@ def test_a_service_in_a_namespace_being_deleted_is_let_go_without_an_error(
         refused = ("-n", namespace, "delete", "vllmservice", "doomed", "--dry-run=server")
         wait_for(lambda: kubectl(*refused, check=False).returncode != 0, 30, what="the policy in effect")
         kubectl("delete", "namespace", namespace, "--wait=false")
-        # The namespace controller deletes the Deployment; recreating it is refused (NamespaceTerminating).
+        # The namespace controller deletes the Deployment, but in a long-lived cluster its queue of namespaces
+        # can hold it back past the wait: delete it as the controller would. Recreating it is refused
+        # (NamespaceTerminating).
+        kubectl("-n", namespace, "delete", "deployment", "doomed", "--ignore-not-found", "--wait=false")
         wait_for(
             lambda: 'stoker_reconcile_total{result="terminating"}' in operator.metrics(),
             60,
