@@ -100,14 +100,6 @@ def kubectl_of(cluster: Cluster) -> Kubectl:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result
 
-    def stream(*args: str) -> subprocess.Popen[str]:
-        """A kubectl that runs on (a watch): its standard output, to read line by line."""
-        command = [str(cluster.bin_dir / "kubectl"), *args]
-        return subprocess.Popen(
-            command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-
-    run.stream = stream  # type: ignore[attr-defined]
     return run
 
 

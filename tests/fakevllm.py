@@ -117,7 +117,7 @@ class FakeEngineServer:
             def do_POST(self) -> None:
                 self._handle("POST")
 
-        self.engine, self.host = engine, host
+        self.engine = engine
         self.server = _QuietServer((host, port), Handler)
         self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
 import threading
 from typing import Any
 
@@ -16,19 +14,13 @@ ROLE = "stoker.dev/role"
 
 
 class Fleet:
-    """A FakeEngine for every pod of one VLLMService that has an IP, started as the pod gets one.
-
-    It watches the pods rather than polling them: a kwok pod is Ready the moment it gets its IP, where a real
-    one is Ready only once its engine answers, and the operator calls the engine of a Ready pod (to put a
-    standby to sleep) within a fraction of a second. A watch starts the engine well before that."""
+    """A FakeEngine for every pod of one VLLMService that has an IP, started as the pod gets one."""
 
     def __init__(self, kubectl: Any, namespace: str, name: str) -> None:
         self.kubectl, self.namespace, self.name = kubectl, namespace, name
-        self.selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server"
         self.engines: dict[str, FakeEngineServer] = {}  # pod name -> its engine
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.watcher: subprocess.Popen[str] | None = None
         self.token = ""
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -43,52 +35,29 @@ class Fleet:
 
     def __exit__(self, *_: object) -> None:
         self.stopped.set()
-        with self.lock:
-            if self.watcher is not None:
-                self.watcher.terminate()
         self.thread.join(10)
         for engine in self.engines.values():
             engine.close()
 
     def _watch(self) -> None:
-        # `kubectl get --watch --output-watch-events -o json` prints the pods there are, then every change: an
-        # event a line. A watch that ends (the API server restarted) is started again.
-        while not self.stopped.is_set():
+        while not self.stopped.wait(0.3):
+            pods = self.pods()
             with self.lock:
-                if self.stopped.is_set():
-                    return
-                self.watcher = self.kubectl.stream(
-                    *("-n", self.namespace, "get", "pods", "-l", self.selector),
-                    *("--watch", "--output-watch-events", "-o", "json"),
-                )
-            assert self.watcher.stdout is not None
-            for line in self.watcher.stdout:
-                event = json.loads(line)
-                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):  # not an ERROR's Status
-                    self._apply(event["type"], event["object"])
-            self.watcher.wait()
-            self.stopped.wait(0.5)
-
-    def _apply(self, change: str, pod: dict[str, Any]) -> None:
-        name, ip = pod["metadata"]["name"], pod.get("status", {}).get("podIP")
-        with self.lock:
-            if change == "DELETED" or pod["metadata"].get("deletionTimestamp"):
-                if name in self.engines:
-                    self.engines.pop(name).close()
-                return
-            if not ip or name in self.engines:
-                return
-            # kwok may give a new pod the IP of a deleted one: that one's engine goes first.
-            for other in [other for other, server in self.engines.items() if server.host == ip]:
-                self.engines.pop(other).close()
-            self.engines[name] = FakeEngineServer(self.new_engine(), ip, PORT)
+                # Gone pods first: kwok may give a new pod the IP of a deleted one.
+                for gone in set(self.engines) - {pod["metadata"]["name"] for pod in pods}:
+                    self.engines.pop(gone).close()
+                for pod in pods:
+                    ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
+                    if ip and pod_name not in self.engines:
+                        self.engines[pod_name] = FakeEngineServer(self.new_engine(), ip, PORT)
 
     def new_engine(self) -> FakeEngine:
         """The engine a new pod gets; a subclass may make it fail."""
         return FakeEngine(self.token)
 
     def pods(self) -> list[dict[str, Any]]:
-        found = get_json(self.kubectl, "-n", self.namespace, "pods", "-l", self.selector) or {"items": []}
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=server"
+        found = get_json(self.kubectl, "-n", self.namespace, "pods", "-l", selector) or {"items": []}
         return [pod for pod in found["items"] if not pod["metadata"].get("deletionTimestamp")]
 
     def engine(self, pod: str) -> FakeEngine:
