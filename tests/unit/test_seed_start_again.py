@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.inpod.seed import STOPPING_LINE, first_start
+from stoker.inpod.seed import MODEL_PATH_MISSING_EXIT, MODEL_PATH_MISSING_LINE, STOPPING_LINE, first_start
 from stoker.phases.parser import parse_log
 from stoker.render.engine import engine_invocation
 from stoker.render.seed import seed_invocation
@@ -100,3 +100,20 @@ def test_the_seed_run_recorded_is_its_first_start() -> None:
     assert list(first_start(twice)) == log[: stop + 1]
     assert parse_log(first_start(twice)).phases == parse_log(log).phases
     assert parse_log(twice).phases != parse_log(log).phases
+
+
+def test_the_seed_says_which_model_path_is_missing_before_any_server_starts(
+    tmp_path: Path, programs: Path
+) -> None:
+    starts, missing = tmp_path / "starts", tmp_path / "models" / "llama-8b"
+    server = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('start')", "serve", str(missing)]
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.inpod.seed", "--pages", str(tmp_path / "listing"), "--", *server],
+        env={**os.environ, "PYTHONPATH": str(programs)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == MODEL_PATH_MISSING_EXIT
+    assert result.stdout.splitlines()[-1] == f"{MODEL_PATH_MISSING_LINE} {missing}"
+    assert not starts.exists()

@@ -103,7 +103,14 @@ def cache_seeded_condition(
     )
 
 
-def progressing_condition(gate_closed: bool, seed_job: str, rollout: Rollout) -> Condition:
+def progressing_condition(
+    gate_closed: bool, seed_job: str, rollout: Rollout, blocking: list[Problem] | None = None
+) -> Condition:
+    """`blocking`: what keeps the pods the rollout (or, gate closed, the seed) waits for from starting.
+    Progressing=False with its reason at once, as a Deployment's ProgressDeadlineExceeded, so that a
+    `kubectl wait --for=condition=Available` has a reason to look at."""
+    if blocking and (gate_closed or not rollout.done):
+        return Condition("Progressing", False, blocking[0].reason, _messages(blocking))
     if gate_closed:
         return Condition(
             "Progressing",
@@ -134,11 +141,13 @@ def degraded_condition(
     seed_failed: bool,
 ) -> Condition:
     """The first fault, in the order a user must fix them; `cache_miss` is the detail of a start that
-    compiled despite a seeded cache ("" when its log said no more)."""
+    compiled despite a seeded cache ("" when its log said no more). A problem counts once its grace is over
+    (diagnose.UNSCHEDULABLE_GRACE_SECONDS)."""
+    problems = [problem for problem in problems if problem.degrades_in <= 0]
     if apply_errors:
         return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
     if problems:
-        return Condition("Degraded", True, problems[0].reason, "; ".join(p.message for p in problems)[:1024])
+        return Condition("Degraded", True, problems[0].reason, _messages(problems))
     if standby_problem:
         return Condition("Degraded", True, "StandbyBackoff", standby_problem)
     if cache_miss is not None:
@@ -154,6 +163,10 @@ def degraded_condition(
     return Condition(
         "Degraded", False, "AsExpected", "Children applied; no fault seen in pods, Jobs or volumes"
     )
+
+
+def _messages(problems: list[Problem]) -> str:
+    return "; ".join(p.message for p in problems)[:1024]
 
 
 def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:

@@ -73,6 +73,9 @@ FAULT_REASONS = frozenset(
         "ApplyFailed",
         "VolumeProvisioningFailed",
         "PodCreationFailed",
+        "Unschedulable",
+        "OOMKilled",
+        "ModelPathMissing",
         "StandbyBackoff",
         "InferencePoolCRDMissing",
     }
@@ -399,6 +402,7 @@ class StatusPlan:
     status: Manifest
     events: list[Event]
     result: str  # for metrics: converged or waiting
+    recheck_after: float | None = None  # seconds until a problem seen counts as Degraded
 
 
 def decide_status(
@@ -425,9 +429,12 @@ def decide_status(
         deployment=deployment,
         job=plan.seed_job,
         job_events=snap.job_events,
-        pods=snap.pods + snap.seed_pods,
+        pods=snap.pods,
+        seed_pods=snap.seed_pods,
     )
-    problems = child_problems(observed)
+    problems = child_problems(observed, parse_time(snap.now))
+    # What the gate waits for is the seed; once open, the replicas.
+    blocking = [p for p in problems if plan.gate_closed or not p.of_seed]
 
     desired = svc.spec.runtime.replicas
     total = pod_count(svc)
@@ -461,7 +468,7 @@ def decide_status(
         ready_condition(plan.gate_closed, plan.seed_name, serves_all, rollout),
         available_condition(rollout),
         cache_seeded_condition(plan.seeding, plan.seeded, plan.seed_outcome, plan.seed_name, plan.short_key),
-        progressing_condition(plan.gate_closed, plan.seed_name, rollout),
+        progressing_condition(plan.gate_closed, plan.seed_name, rollout, blocking),
         degraded,
     ]
     recording = recording_condition(startup.get("recording"))
@@ -504,7 +511,10 @@ def decide_status(
     new_status.pop("nodeWarming", None)
     if warmth is not None:
         new_status["nodeWarming"] = warmth.document
-    return StatusPlan(new_status, events, "waiting" if plan.gate_closed else "converged")
+    graces = [p.degrades_in for p in problems if p.degrades_in > 0]
+    return StatusPlan(
+        new_status, events, "waiting" if plan.gate_closed else "converged", min(graces, default=None)
+    )
 
 
 def inference_pool_crd_missing_condition(resource: str) -> Condition:

@@ -94,7 +94,8 @@ class Observer:
         seed_job = next((j for j in seed_jobs if j["metadata"]["name"] == seed_name), None)
         seed_pods = (
             self.cache.of_instance("Pod", namespace, name, labels_match({JOB_NAME_LABEL: seed_name}))
-            if seed_job is not None and job_outcome(seed_job) == "running"
+            # A failed seed's pods say why it failed (their log tails).
+            if seed_job is not None and job_outcome(seed_job) in ("running", "failed")
             else []
         )
         now = dt.datetime.now(dt.UTC)

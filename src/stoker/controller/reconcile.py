@@ -138,6 +138,7 @@ class Reconciler:
         if written.apply_errors:
             # Reported in status; the work queue retries with a growing delay.
             raise ChildrenNotApplied("; ".join(written.apply_errors))
+        waits.append(status.recheck_after)
         due = [seconds for seconds in waits if seconds is not None]
         return status.result, min(due) if due else None
 

@@ -50,6 +50,10 @@ FACTS_SECONDS = 30
 LINE_PREFIX = "stoker-seed: "
 # Printed as the seed stops its first server: what follows in its log is the second start's (--start-again).
 STOPPING_LINE = f"{LINE_PREFIX}stopping the server"
+# Printed, before any server starts, when the model path on a volume is not there; the operator reads it in
+# the failed seed's termination message (its log tail) and names the path and volume from the pod's spec.
+MODEL_PATH_MISSING_LINE = f"{LINE_PREFIX}the model path does not exist:"
+MODEL_PATH_MISSING_EXIT = 66  # EX_NOINPUT
 
 
 def first_start(lines: Iterable[str]) -> Iterator[str]:
@@ -229,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         described.error("no COMMAND after --")
     port = flag_value(command, PORT_FLAG) or VLLM_DEFAULT_PORT
+    model = command[command.index("serve") + 1] if "serve" in command[:-1] else ""
+    if model.startswith("/") and not os.path.exists(model):
+        # A volume's model path (hub ids and URIs are not paths): vLLM would take it for a hub id.
+        print(f"{MODEL_PATH_MISSING_LINE} {model}", flush=True)
+        return MODEL_PATH_MISSING_EXIT
     skipped = SkipLines(LINE_PREFIX)
     atexit.register(skipped.close)
     # The image's Python files start out of the page cache, so that what is in it when the engine process
