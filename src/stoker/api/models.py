@@ -1461,6 +1461,11 @@ class VLLMServiceStatus(_StatusModel):
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
     replicas: int | None = Field(default=None, description="Active serving pods (the scale subresource's).")
     ready_replicas: int | None = Field(default=None, description="Active serving pods that are Ready.")
+    ready: str | None = Field(
+        default=None,
+        description="Ready serving replicas of those spec.runtime.replicas asks for, as `1/2` (kubectl get's"
+        " READY column, as a Deployment's).",
+    )
     standby_replicas: int | None = Field(default=None, description="Standby pods asleep.")
     selector: str | None = Field(
         default=None, description="Label selector of the active serving pods, for an HPA."

@@ -494,6 +494,7 @@ def decide_status(
         "conditions": merge_conditions(status.get("conditions"), conditions, generation, snap.now),
         "replicas": int(dep_status.get("replicas") or 0) if standby is None else standby.active,
         "readyReplicas": serving,
+        "ready": f"{serving}/{desired}",
         "selector": serving_selector(svc),
         "cache": cache,
     }
