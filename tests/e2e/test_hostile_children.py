@@ -345,6 +345,10 @@ def test_a_container_that_cannot_start_is_named(reason, namespace, kubectl, oper
     message = condition(svc, "Degraded")["message"]
     assert message.startswith(f"Pod {namespace}/stuck-") and "container vllm" in message
     assert condition(svc, "Ready")["status"] == "False"
+    assert (condition(svc, "Progressing")["status"], condition(svc, "Progressing")["reason"]) == (
+        "False",
+        reason,
+    )
     assert len(warnings(kubectl, namespace, "stuck", reason)) == 1
 
 

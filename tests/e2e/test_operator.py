@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def test_each_example_converges_with_owned_children(example, namespace, kubectl,
     table = kubectl("-n", namespace, "get", "vsvc").stdout
     header = table.splitlines()[0].split()
     assert header[:4] == ["NAME", "READY", "MODEL", "REPLICAS"], table
-    assert "True" in table.splitlines()[1]
+    # READY as a Deployment's: ready of desired, all of them once converged.
+    assert all(re.fullmatch(r"(\d+)/\1", row.split()[1]) for row in table.splitlines()[1:]), table
 
 
 def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, kubectl, operator):
