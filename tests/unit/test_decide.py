@@ -4,6 +4,7 @@ the live objects here are the rendered ones as the API server would return them 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import kopf
 import pytest
@@ -17,6 +18,7 @@ from stoker.controller.decide import (
     decide_status,
     first_reaction,
 )
+from stoker.controller.diagnose import UNSCHEDULABLE_GRACE_SECONDS
 from stoker.controller.ownership import claim_signature, seeded_signature
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
 
@@ -279,3 +281,37 @@ def test_a_block_posts_its_event_once():
     assert [e.reason for e in first.events] == ["ChildConflict"]
     again = blocked_status(body(**first.status), "ChildConflict", "Deployment t1/llm exists", NOW)
     assert again.events == [] and again.status == first.status
+
+
+def test_a_seed_pod_the_scheduler_cannot_place_stops_progress_and_degrades_after_the_grace():
+    obj = body()
+    children = converged(obj)
+    scheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": '0/2 nodes are available: persistentvolumeclaim "models" not found.',
+        "lastTransitionTime": "2026-11-26T09:59:40Z",  # 20 s before NOW
+    }
+    pod = {"metadata": {"name": "llm-seed-x-abc", "namespace": "t1"}, "status": {"conditions": [scheduled]}}
+    snap = dataclasses.replace(snapshot(obj, children), seed_pods=[pod])
+    plan = decide_children(snap)
+    assert plan.gate_closed
+    decided = decide_status(snap, plan, Outcome(children, []), None)
+    conditions = {c["type"]: c for c in decided.status["conditions"]}
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == (
+        "False",
+        "Unschedulable",
+    )
+    assert (
+        (conditions["Progressing"]["message"])
+        == 'Pod t1/llm-seed-x-abc: 0/2 nodes are available: persistentvolumeclaim "models" not found.'
+    )
+    assert conditions["Degraded"]["status"] == "False"
+    assert decided.recheck_after == UNSCHEDULABLE_GRACE_SECONDS - 20  # when it counts as Degraded
+    assert decided.status["ready"] == "0/1"
+    later = dataclasses.replace(snap, now="2026-11-26T10:01:00Z")
+    conditions = {
+        c["type"]: c for c in decide_status(later, plan, Outcome(children, []), None).status["conditions"]
+    }
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "Unschedulable")
