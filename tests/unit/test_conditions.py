@@ -119,6 +119,7 @@ def test_what_keeps_pods_from_starting_stops_progress_at_once_and_degrades_after
     assert progressing_condition(False, SEED, DONE, [UNSCHEDULABLE]).reason == "Converged"
     waiting = degraded_condition([], [UNSCHEDULABLE], None, None, False)
     assert (waiting.status, waiting.reason) == (False, "AsExpected")
+    assert waiting.message.startswith("No fault yet: Pod ns/llm-1 is Unschedulable")
     due = replace(UNSCHEDULABLE, degrades_in=0.0)
     degraded = degraded_condition([], [due], None, None, False)
     assert (degraded.status, degraded.reason) == (True, "Unschedulable")

@@ -143,11 +143,11 @@ def degraded_condition(
     """The first fault, in the order a user must fix them; `cache_miss` is the detail of a start that
     compiled despite a seeded cache ("" when its log said no more). A problem counts once its grace is over
     (diagnose.UNSCHEDULABLE_GRACE_SECONDS)."""
-    problems = [problem for problem in problems if problem.degrades_in <= 0]
+    due = [problem for problem in problems if problem.degrades_in <= 0]
     if apply_errors:
         return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
-    if problems:
-        return Condition("Degraded", True, problems[0].reason, _messages(problems))
+    if due:
+        return Condition("Degraded", True, due[0].reason, _messages(due))
     if standby_problem:
         return Condition("Degraded", True, "StandbyBackoff", standby_problem)
     if cache_miss is not None:
@@ -160,6 +160,15 @@ def degraded_condition(
         )
     if seed_failed:
         return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
+    if problems:
+        waiting = problems[0]
+        return Condition(
+            "Degraded",
+            False,
+            "AsExpected",
+            f"No fault yet: {waiting.subject} is {waiting.reason}, a fault once it stays so past its grace"
+            " (docs/concepts/conditions.md); see Progressing",
+        )
     return Condition(
         "Degraded", False, "AsExpected", "Children applied; no fault seen in pods, Jobs or volumes"
     )
