@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -67,6 +68,32 @@ def test_a_pod_the_scheduler_cannot_place_stops_progress_with_the_schedulers_mes
     assert message.startswith(f"Pod {namespace}/unplaced-") and said in message, message
     assert condition(svc, "Available")["status"] == "False"
     assert svc["status"]["ready"] == "0/1"
+
+
+@pytest.fixture
+def tainted_node(kubectl: Any) -> Any:
+    """A kwok node of its own label, tainted: the only one a pod selecting that label may land on."""
+    name = f"kwok-tainted-{uuid.uuid4().hex[:6]}"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": name, "pool": name},
+        },
+        "spec": {"taints": [{"key": "stoker.dev/broken-gpu", "value": "true", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(node))
+    yield name
+    kubectl("delete", "node", name, "--wait=false")
+
+
+def test_a_taint_the_pods_do_not_tolerate_is_named(namespace, kubectl, operator, tainted_node):
+    apply(kubectl, namespace, service("tainted", False, nodeSelector={"pool": tainted_node}))
+    svc = wait_condition(kubectl, namespace, "tainted", "Progressing", "False", "Unschedulable")
+    assert "untolerated taint" in condition(svc, "Progressing")["message"]
 
 
 def test_an_unschedulable_pod_degrades_after_the_documented_grace(namespace, kubectl, operator):
