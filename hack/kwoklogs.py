@@ -6,6 +6,11 @@ tests/unit/data/phases/vllm-0.22.1-h100/); they are restamped from the container
 startup phase the operator reads is exactly what the recording shows.
 
     python hack/kwoklogs.py NAMESPACE SELECTOR RECORDING WORKDIR    (kubectl on PATH, KUBECONFIG set)
+    python hack/kwoklogs.py --follow RECORDINGS_DIR WORKDIR
+
+`--follow` runs until stopped (the demo runs it in the background): every started stoker seed, serving or
+standby pod in any namespace prints RECORDINGS_DIR's seed.log or seeded-serving.log, so every example
+applied to the demo cluster gets startup phases.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from typing import Any
 
 SECONDS_PREFIX = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]\s?")
 ENGINE_CONTAINER = "vllm"
+# The recording each kind of stoker pod prints under --follow, by its app.kubernetes.io/component label.
+FOLLOWED_RECORDINGS = {"seed": "seed.log", "server": "seeded-serving.log", "standby": "seeded-serving.log"}
+COMPONENT_LABEL = "app.kubernetes.io/component"
+FOLLOWED_PODS = f"app.kubernetes.io/managed-by=stoker,{COMPONENT_LABEL} in ({','.join(FOLLOWED_RECORDINGS)})"
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -44,6 +53,12 @@ def started_at(pod: dict[str, Any]) -> dt.datetime:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def has_started(pod: dict[str, Any]) -> bool:
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    state = statuses[0].get("state") or {}
+    return bool((state.get("running") or state.get("terminated") or {}).get("startedAt"))
+
+
 def print_recording(
     kubectl: Kubectl, namespace: str, selector: str, recording: Path, workdir: Path, timeout: float = 120
 ) -> str:
@@ -51,7 +66,7 @@ def print_recording(
     deadline = time.monotonic() + timeout
     while True:
         found = json.loads(kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json").stdout)
-        pods = [p for p in found["items"] if p["status"].get("containerStatuses")]
+        pods = [p for p in found["items"] if has_started(p)]
         if pods:
             break
         if time.monotonic() > deadline:
@@ -77,11 +92,33 @@ def serve_log(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(logs))
 
 
+def follow(kubectl: Kubectl, recordings: Path, workdir: Path, poll: float = 2) -> None:
+    """Until stopped: every stoker pod that starts, in any namespace, prints its component's recording."""
+    served: set[tuple[str, str, str]] = set()
+    while True:
+        try:
+            found = json.loads(kubectl("get", "pods", "-A", "-l", FOLLOWED_PODS, "-o", "json").stdout)
+            for pod in filter(has_started, found["items"]):
+                meta = pod["metadata"]
+                started = started_at(pod)
+                key = (meta["namespace"], meta["name"], started.isoformat())
+                if key not in served:
+                    recording = recordings / FOLLOWED_RECORDINGS[meta["labels"][COMPONENT_LABEL]]
+                    serve_log(kubectl, meta["namespace"], meta["name"], recording, started, workdir)
+                    served.add(key)
+                    print(f"{meta['namespace']}/{meta['name']} prints {recording.name}", flush=True)
+        except subprocess.CalledProcessError as error:  # the API server restarting, a pod gone: try again
+            print(f"kubectl failed, retrying: {error.stderr.strip()}", file=sys.stderr, flush=True)
+        time.sleep(poll)
+
+
 def _kubectl(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, check=True)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--follow":
+        follow(_kubectl, Path(sys.argv[2]), Path(sys.argv[3]))
     if len(sys.argv) != 5:
         sys.exit(__doc__)
     namespace, selector, recording, workdir = sys.argv[1:]
