@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build vllm-venv dashboard-lint lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build epp-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
