@@ -10,7 +10,9 @@ startup phase the operator reads is exactly what the recording shows.
 
 `--follow` runs until stopped (the demo runs it in the background): every started stoker seed, serving or
 standby pod in any namespace prints RECORDINGS_DIR's seed.log or seeded-serving.log, so every example
-applied to the demo cluster gets startup phases.
+applied to the demo cluster gets startup phases. It also does the one check of a kubelet's that the demo
+needs and kwok lacks: a pod whose environment names a Secret that does not exist does not run; its engine
+container waits with the kubelet's CreateContainerConfigError instead (a seed pod completes too soon for it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 SECONDS_PREFIX = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]\s?")
 ENGINE_CONTAINER = "vllm"
+SECRET_MISSING = "CreateContainerConfigError"  # the kubelet's waiting reason for a Secret it cannot read
 # The recording each kind of stoker pod prints under --follow, by its app.kubernetes.io/component label.
 FOLLOWED_RECORDINGS = {"seed": "seed.log", "server": "seeded-serving.log", "standby": "seeded-serving.log"}
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -92,21 +95,74 @@ def serve_log(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(logs))
 
 
+def required_secrets(pod: dict[str, Any]) -> set[str]:
+    """The Secrets a kubelet must read to start the pod's containers' environment."""
+    names = set()
+    for container in pod["spec"]["containers"]:
+        refs = [(env.get("valueFrom") or {}).get("secretKeyRef") for env in container.get("env") or []]
+        refs += [source.get("secretRef") for source in container.get("envFrom") or []]
+        names |= {ref["name"] for ref in refs if ref and not ref.get("optional")}
+    return names
+
+
+def set_engine_state(kubectl: Kubectl, pod: dict[str, Any], state: dict[str, Any], ready: bool) -> None:
+    """The pod's containers in `state` and its Ready conditions set to `ready`. The phase stays Running: at
+    Pending, kwok would start the pod again."""
+    meta = pod["metadata"]
+    statuses = [
+        {**status, "ready": ready, "started": ready, "state": state}
+        for status in pod["status"]["containerStatuses"]
+    ]
+    conditions = [
+        {**condition, "status": str(ready)}
+        if condition["type"] in ("Ready", "ContainersReady")
+        else condition
+        for condition in pod["status"].get("conditions") or []
+    ]
+    patch = {"status": {"containerStatuses": statuses, "conditions": conditions}}
+    kubectl("-n", meta["namespace"], "patch", "pod", meta["name"], "--subresource=status", "--type=merge",
+            "-p", json.dumps(patch))  # fmt: skip
+
+
+def missing_secrets(kubectl: Kubectl, pod: dict[str, Any]) -> list[str]:
+    existing = kubectl("-n", pod["metadata"]["namespace"], "get", "secrets", "-o", "name").stdout.split()
+    return sorted(required_secrets(pod) - {name.removeprefix("secret/") for name in existing})
+
+
+def waits_for_secret(pod: dict[str, Any]) -> bool:
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason") == SECRET_MISSING
+
+
 def follow(kubectl: Kubectl, recordings: Path, workdir: Path, poll: float = 2) -> None:
-    """Until stopped: every stoker pod that starts, in any namespace, prints its component's recording."""
+    """Until stopped: every stoker pod that starts, in any namespace, prints its component's recording,
+    unless a Secret its environment needs is missing."""
     served: set[tuple[str, str, str]] = set()
     while True:
         try:
             found = json.loads(kubectl("get", "pods", "-A", "-l", FOLLOWED_PODS, "-o", "json").stdout)
+            # As a kubelet retries: a pod whose Secret now exists starts (and prints its recording below).
+            for pod in filter(waits_for_secret, found["items"]):
+                if not missing_secrets(kubectl, pod):
+                    now = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+                    set_engine_state(kubectl, pod, {"running": {"startedAt": now}}, ready=True)
             for pod in filter(has_started, found["items"]):
                 meta = pod["metadata"]
                 started = started_at(pod)
                 key = (meta["namespace"], meta["name"], started.isoformat())
-                if key not in served:
-                    recording = recordings / FOLLOWED_RECORDINGS[meta["labels"][COMPONENT_LABEL]]
-                    serve_log(kubectl, meta["namespace"], meta["name"], recording, started, workdir)
+                if key in served:
+                    continue
+                missing = missing_secrets(kubectl, pod)
+                if missing and pod["status"].get("phase") == "Running":
+                    waiting = {"reason": SECRET_MISSING, "message": f'secret "{missing[0]}" not found'}
+                    set_engine_state(kubectl, pod, {"waiting": waiting}, ready=False)
                     served.add(key)
-                    print(f"{meta['namespace']}/{meta['name']} prints {recording.name}", flush=True)
+                    print(f"{meta['namespace']}/{meta['name']} waits for Secret {missing[0]}", flush=True)
+                    continue
+                recording = recordings / FOLLOWED_RECORDINGS[meta["labels"][COMPONENT_LABEL]]
+                serve_log(kubectl, meta["namespace"], meta["name"], recording, started, workdir)
+                served.add(key)
+                print(f"{meta['namespace']}/{meta['name']} prints {recording.name}", flush=True)
         except subprocess.CalledProcessError as error:  # the API server restarting, a pod gone: try again
             print(f"kubectl failed, retrying: {error.stderr.strip()}", file=sys.stderr, flush=True)
         time.sleep(poll)
