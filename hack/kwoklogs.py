@@ -6,13 +6,14 @@ tests/unit/data/phases/vllm-0.22.1-h100/); they are restamped from the container
 startup phase the operator reads is exactly what the recording shows.
 
     python hack/kwoklogs.py NAMESPACE SELECTOR RECORDING WORKDIR    (kubectl on PATH, KUBECONFIG set)
-    python hack/kwoklogs.py --follow RECORDINGS_DIR WORKDIR
+    python hack/kwoklogs.py --follow RECORDINGS_DIR WORKDIR [NAMESPACE]
 
 `--follow` runs until stopped (the demo runs it in the background): every started stoker seed, serving or
-standby pod in any namespace prints RECORDINGS_DIR's seed.log or seeded-serving.log, so every example
-applied to the demo cluster gets startup phases. It also does the one check of a kubelet's that the demo
-needs and kwok lacks: a pod whose environment names a Secret that does not exist does not run; its engine
-container waits with the kubelet's CreateContainerConfigError instead (a seed pod completes too soon for it).
+standby pod in any namespace (or NAMESPACE) prints RECORDINGS_DIR's seed.log or seeded-serving.log, so
+every example applied to the demo cluster gets startup phases. It also does the one check of a kubelet's
+that the demo needs and kwok lacks: a pod whose environment names a Secret that does not exist does not
+run; its engine container waits with the kubelet's CreateContainerConfigError until the Secret exists (a
+seed pod completes too soon for it).
 """
 
 from __future__ import annotations
@@ -134,13 +135,16 @@ def waits_for_secret(pod: dict[str, Any]) -> bool:
     return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason") == SECRET_MISSING
 
 
-def follow(kubectl: Kubectl, recordings: Path, workdir: Path, poll: float = 2) -> None:
+def follow(
+    kubectl: Kubectl, recordings: Path, workdir: Path, namespace: str | None = None, poll: float = 2
+) -> None:
     """Until stopped: every stoker pod that starts, in any namespace, prints its component's recording,
     unless a Secret its environment needs is missing."""
     served: set[tuple[str, str, str]] = set()
     while True:
         try:
-            found = json.loads(kubectl("get", "pods", "-A", "-l", FOLLOWED_PODS, "-o", "json").stdout)
+            where = ["-n", namespace] if namespace else ["-A"]
+            found = json.loads(kubectl("get", "pods", *where, "-l", FOLLOWED_PODS, "-o", "json").stdout)
             # As a kubelet retries: a pod whose Secret now exists starts (and prints its recording below).
             for pod in filter(waits_for_secret, found["items"]):
                 if not missing_secrets(kubectl, pod):
@@ -173,8 +177,8 @@ def _kubectl(*args: str, input: str | None = None) -> subprocess.CompletedProces
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--follow":
-        follow(_kubectl, Path(sys.argv[2]), Path(sys.argv[3]))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--follow":
+        follow(_kubectl, Path(sys.argv[2]), Path(sys.argv[3]), *sys.argv[4:])
     if len(sys.argv) != 5:
         sys.exit(__doc__)
     namespace, selector, recording, workdir = sys.argv[1:]
