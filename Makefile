@@ -31,10 +31,12 @@ epp-build:
 vllm-venv: venv
 	hack/vllm-venv $$($(BIN)/python -m bench.conformance.versions)
 
+# The Grafana dashboard's queries through Prometheus's own PromQL parser (built once, cached like the control plane).
 lint: venv
 	$(BIN)/ruff check src tests bench hack
 	$(BIN)/ruff format --check src tests bench hack
 	$(BIN)/mypy
+	hack/dashboard-lint
 
 unit: venv
 	$(BIN)/pytest tests/unit
