@@ -480,6 +480,34 @@ def test_kubectl_apply_of_helm_template_installs_in_the_release_namespace_and_ke
     assert get_json(kubectl, "-n", "default", "secret", f"{RELEASE}-control-key") is None
 
 
+def test_applying_the_rendered_chart_again_changes_nothing(namespace: str, kubectl, helm: Helm) -> None:
+    """The README's `kubectl apply` path run twice, as after an earlier install: its namespace command
+    succeeds on an existing namespace, and the second apply changes no object and reports each unchanged.
+    The one exception is kubectl's: it always reports a PodDisruptionBudget `configured`, since the PDB's
+    selector has patch strategy `replace`, so the patch kubectl computes is never empty; nothing changes."""
+    namespace_manifest = kubectl("create", "namespace", namespace, "--dry-run=client", "-o", "yaml").stdout
+    kubectl("apply", "-f", "-", input=namespace_manifest)  # the namespace exists already
+    manifest = helm("template", RELEASE, str(CHART), "--namespace", namespace, "--set", "replicas=2").stdout
+    try:
+        kubectl("apply", "-f", "-", input=manifest)
+        versions = {
+            f"{item['kind']}/{item['metadata']['name']}": item["metadata"]["resourceVersion"]
+            for item in json.loads(kubectl("get", "-f", "-", "-o", "json", input=manifest).stdout)["items"]
+        }
+        assert "PodDisruptionBudget/stoker" in versions and len(versions) > 10
+        again = kubectl("apply", "-f", "-", input=manifest).stdout.splitlines()
+        assert len(again) == len(versions)
+        changed = [line for line in again if not line.endswith(" unchanged")]
+        assert changed == ["poddisruptionbudget.policy/stoker configured"], again
+        after = json.loads(kubectl("get", "-f", "-", "-o", "json", input=manifest).stdout)["items"]
+        assert {
+            f"{i['kind']}/{i['metadata']['name']}": i["metadata"]["resourceVersion"] for i in after
+        } == versions
+        assert kubectl("diff", "-f", "-", input=manifest, check=False).returncode == 0
+    finally:  # the cluster-scoped objects (the admission policy among them) go with the test
+        kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
+
+
 # ------------------------------------------------------------------------------------------------- GitOps
 
 

@@ -334,7 +334,7 @@ class StartupRecorder:
         ready_gap = ready_gap_seconds(pod, timeline.ready_at) if role == "serve" else None
         if ready_gap is not None:
             phases[READY_GAP_PHASE] = ready_gap
-            metrics.STARTUP_READY_GAP_SECONDS.observe(ready_gap)
+            metrics.STARTUP_READY_GAP_SECONDS.labels(namespace, body["metadata"]["name"]).observe(ready_gap)
         record: Manifest = {
             "pod": pod_name,
             "totalSeconds": round(timeline.total_seconds or 0.0, 2),
@@ -353,8 +353,9 @@ class StartupRecorder:
             record["readyGapSeconds"] = round(ready_gap, 2)
         for phase, seconds in phases.items():
             metrics.STARTUP_PHASE_SECONDS.labels(phase, role).observe(seconds)
-        metrics.STARTUP_TOTAL_SECONDS.labels(role).observe(record["totalSeconds"])
-        metrics.COMPILE_CACHE_RESULTS.labels(timeline.compile_cache, role).inc()
+        service = (namespace, body["metadata"]["name"])
+        metrics.STARTUP_TOTAL_SECONDS.labels(*service, role).observe(record["totalSeconds"])
+        metrics.COMPILE_CACHE_RESULTS.labels(*service, timeline.compile_cache, role).inc()
         self.kube.post_event(
             body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
         )
