@@ -6,6 +6,7 @@ warm."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import subprocess
@@ -92,10 +93,17 @@ def test_an_admins_quota_caps_a_namespace_even_with_budget_left() -> None:
 def reported(checkpoint: int, source: dict[str, Any], import_pages: int | None = None) -> VLLMService:
     svc = VLLMService.model_validate(
         {
-            "metadata": {"name": "llama", "namespace": "mallory", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "metadata": {
+                "name": "llama",
+                "namespace": "mallory",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
             "spec": {
                 "model": {"name": "org/llama", **source},
-                "coldStart": {"nodeWarming": {"enabled": True}, "modelCache": {"enabled": "source" not in source}},
+                "coldStart": {
+                    "nodeWarming": {"enabled": True},
+                    "modelCache": {"enabled": "source" not in source},
+                },
             },
         }
     )
@@ -117,7 +125,10 @@ def test_a_claim_is_bounded_by_the_capacity_of_its_volume() -> None:
     assert weights_claim(pvc) == "weights"
     assert candidate(pvc, 5 * GIB).wanted_bytes == 6 * GIB
     # A claim not bound (its capacity unknown, or only requested) bounds nothing yet: warming waits.
-    for unbound in ({"status": {"phase": "Pending"}}, {"spec": {"resources": {"requests": {"storage": "1Gi"}}}}):
+    for unbound in (
+        {"status": {"phase": "Pending"}},
+        {"spec": {"resources": {"requests": {"storage": "1Gi"}}}},
+    ):
         assert claim_capacity(unbound) is None
     waiting = candidate(forged, None)
     (verdict,) = plan_warming([waiting], NODES, BUDGET, RESERVE).values()
@@ -190,10 +201,8 @@ def test_a_warmer_that_finds_nothing_exits_saying_so_and_never_answers_ready(
     answers = []
     deadline = time.monotonic() + 10
     while agent.poll() is None and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(OSError, http.client.HTTPException):  # not listening yet, or shutting down
             answers.append(get(port, "/ready")[0])
-        except (OSError, http.client.HTTPException):
-            pass  # not listening yet, or shutting down
         time.sleep(0.05)
     output, _ = agent.communicate(timeout=10)
     assert agent.returncode == NOTHING_FOUND_EXIT, output

@@ -32,9 +32,9 @@ from stoker.api.models import WARM_NODES_LISTED
 from stoker.controller.objects import pod_is_ready
 from stoker.render import Warming, seed_wanted
 from stoker.render.engine import weights_from_volume
-from stoker.render.nodewarmer import NODE_WARMER_NOTHING_FOUND_EXIT
 from stoker.render.memory import GIB, checkpoint_bytes, default_memory_request_bytes
 from stoker.render.names import model_pvc_name
+from stoker.render.nodewarmer import NODE_WARMER_NOTHING_FOUND_EXIT
 
 Manifest = dict[str, Any]
 
