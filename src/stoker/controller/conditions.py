@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.controller.diagnose import Problem
-from stoker.controller.warming import Verdict, Warmth, gib
+from stoker.controller.warming import NOTHING_FOUND, Verdict, Warmth, gib
 
 CONDITION_TYPES = (
     "Ready",
@@ -187,6 +187,17 @@ def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
     size = (
         f"{gib(wanted)} ({wanted} bytes) per node, within the per-node budget of {gib(verdict.budget_bytes)}"
     )
+    if warmth.nothing_found:
+        nodes = ", ".join(warmth.nothing_found[:5])
+        return Condition(
+            "NodeWarming",
+            False,
+            NOTHING_FOUND,
+            f"The warmer found no checkpoint data to keep on {len(warmth.nothing_found)} of"
+            f" {warmth.desired} nodes ({nodes}): no *.safetensors regular file under the model's path (a"
+            " missing directory, or links, FIFOs or devices, which it does not read); its log says what it"
+            f" skipped. Admitted for {size}",
+        )
     if warmth.done:
         return Condition(
             "NodeWarming",

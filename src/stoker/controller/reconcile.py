@@ -62,6 +62,7 @@ class Reconciler:
             settings.programs_image,
             settings.node_warming_budget_bytes,
             settings.node_warming_reserve_bytes,
+            settings.node_warming_namespace_quota_bytes,
         )
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv6Address
+from typing import Annotated
 
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -99,9 +100,15 @@ class OperatorSettings(BaseSettings):
     node_warming_budget_gib: float = Field(
         32.0,
         gt=0,
-        description="Host memory per node that coldStart.nodeWarming may keep in the page cache, shared by"
-        " every warming service (each service's checkpoint and import pages, admitted in creation order"
-        " until the budget is spent).",
+        description="Host memory per node that coldStart.nodeWarming may keep in the page cache, shared"
+        " fairly between the namespaces that warm: each gets the budget split evenly between them (or its"
+        " quota), and what that leaves goes to the namespace holding least (controller/warming.py).",
+    )
+    node_warming_namespace_quotas_gib: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="Per-namespace caps on the node warming budget, GiB per node (JSON object, namespace to"
+        " GiB): a namespace listed never holds more, whatever is left. Unlisted namespaces have no cap but"
+        " the fair sharing of the budget.",
     )
     node_warming_reserve_gib: float = Field(
         4.0,
@@ -141,6 +148,10 @@ class OperatorSettings(BaseSettings):
     @property
     def node_warming_budget_bytes(self) -> int:
         return int(self.node_warming_budget_gib * GIB)
+
+    @property
+    def node_warming_namespace_quota_bytes(self) -> dict[str, int]:
+        return {ns: int(gib * GIB) for ns, gib in self.node_warming_namespace_quotas_gib.items()}
 
     @property
     def node_warming_reserve_bytes(self) -> int:
