@@ -363,3 +363,16 @@ def test_a_reconcile_keeps_the_loops_condition_while_scale_from_zero_is_asked_fo
     del obj["spec"]["inferencePool"]["scaleFromZero"]
     dropped = blocked_status(obj, "ChildConflict", "x", "2026-01-01T00:00:01Z").status["conditions"]
     assert all(c["type"] != "ScaleFromZero" for c in dropped)
+
+
+def test_the_api_refuses_its_own_service_as_picker_and_a_privileged_metrics_port() -> None:
+    from pydantic import ValidationError
+
+    from stoker.api import VLLMService
+
+    own = pool_body({"endpointPicker": {"name": "llm"}})
+    own["metadata"]["name"] = "llm"
+    with pytest.raises(ValidationError, match=PICKER_FIELD.replace(".", r"\.")):
+        VLLMService.model_validate(own)
+    with pytest.raises(ValidationError, match="metricsPort|metrics_port"):
+        VLLMService.model_validate(pool_body({**POOL, "scaleFromZero": {"metricsPort": 22}}))
