@@ -22,7 +22,9 @@ OK_HEAD = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\r\n"
 
 
 def gauge(pool: str, fairness: str, value: int) -> bytes:
-    labels = f'fairness_id="{fairness}",inference_pool="{pool}",model_name="m",priority="0",target_model_name="m"'
+    labels = (
+        f'fairness_id="{fairness}",inference_pool="{pool}",model_name="m",priority="0",target_model_name="m"'
+    )
     return f"{GAUGE}{{{labels}}} {value}\n".encode()
 
 

@@ -45,7 +45,9 @@ def picker_objects(namespace: str, name: str) -> list[dict[str, Any]]:
             "spec": {
                 "nodeSelector": {"type": "kwok"},
                 "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "epp", "image": "registry.k8s.io/gateway-api-inference-extension/epp"}],
+                "containers": [
+                    {"name": "epp", "image": "registry.k8s.io/gateway-api-inference-extension/epp"}
+                ],
             },
         },
         {
@@ -146,7 +148,9 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
         for picker in pickers
     }
     assert not any(ip.startswith("127.") for ip in ips.values()), ips
-    specs = [f"{mode}:{ips[(hostile_ns, f'epp-{name}')]}:{METRICS_PORT}:{name}" for name, mode in HOSTILE.items()]
+    specs = [
+        f"{mode}:{ips[(hostile_ns, f'epp-{name}')]}:{METRICS_PORT}:{name}" for name, mode in HOSTILE.items()
+    ]
     specs.append(f"honest:{ips[(victim_ns, 'epp')]}:{METRICS_PORT}:victim")
     queue = tmp_path / "victim.queue"
     queue.write_text("0")
@@ -170,10 +174,12 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
         apply(kubectl, [vllm_service(hostile_ns, "sneaky", "h0")])
         apply(kubectl, [vllm_service(victim_ns, "victim", "epp"), vllm_service(victim_ns, "idle", "epp")])
         wait_for(
-            lambda: condition(get_json(kubectl, "-n", victim_ns, "vllmservice", "victim"), "ScaleFromZero").get(
-                "reason"
-            )
-            == "EndpointPickerRead",
+            lambda: (
+                condition(get_json(kubectl, "-n", victim_ns, "vllmservice", "victim"), "ScaleFromZero").get(
+                    "reason"
+                )
+                == "EndpointPickerRead"
+            ),
             timeout=30,
             what="the victim's picker read",
         )
@@ -192,12 +198,21 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
             queue.write_text("0")
             if trial < 2:
                 api.patch_namespaced_custom_object(
-                    "stoker.dev", "v1alpha1", victim_ns, "vllmservices", "victim", {"spec": {"runtime": {"replicas": 0}}}
+                    "stoker.dev",
+                    "v1alpha1",
+                    victim_ns,
+                    "vllmservices",
+                    "victim",
+                    {"spec": {"runtime": {"replicas": 0}}},
                 )
                 time.sleep(6.0)  # the operator's watch cache sees 0 again; hostile backoffs run out
-        operator_cpu = (cpu_seconds(operator.process.pid) - operator_cpu_start) / (time.monotonic() - wall_start)
-        print(f"\nvictim scaled after {', '.join(f'{s:.2f}' for s in latencies)} s;"
-              f" the whole operator used {operator_cpu:.1%} of a core meanwhile")
+        operator_cpu = (cpu_seconds(operator.process.pid) - operator_cpu_start) / (
+            time.monotonic() - wall_start
+        )
+        print(
+            f"\nvictim scaled after {', '.join(f'{s:.2f}' for s in latencies)} s;"
+            f" the whole operator used {operator_cpu:.1%} of a core meanwhile"
+        )
         assert max(latencies) < SCALE_BOUND_SECONDS, latencies
 
         # Each hostile picker is reported on its own VLLMService, and only there.
@@ -210,7 +225,9 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
 
         found = wait_for(reported, timeout=30, what="the hostile services' reports")
         for name in UNREADABLE:
-            assert (found[name]["status"], found[name]["reason"]) == ("False", "EndpointPickerUnreadable"), found[name]
+            assert (found[name]["status"], found[name]["reason"]) == ("False", "EndpointPickerUnreadable"), (
+                found[name]
+            )
             why = "more than 1048576 bytes" if HOSTILE[name] == "flood" else "deadline"
             assert why in found[name]["message"], found[name]
         assert found["h9"]["reason"] == "EndpointPickerRead", found["h9"]  # large, valid, under the bound

@@ -43,7 +43,7 @@ EPP_METRICS = (
     + gauge("a", "other", "7")
     + gauge("c", "llm", "NaN")
     + gauge("d", "llm", "-4")
-    + 'inference_extension_flow_control_queue_size{fairness_id="x,inference_pool=\\"llm\\"",inference_pool="z"} 5\n'
+    + gauge('x,inference_pool=\\"llm\\"', "z", "5")
     + "# TYPE inference_extension_flow_control_pool_saturation gauge\n"
     + 'inference_extension_flow_control_pool_saturation{inference_pool="llm"} 1\n'
 ).encode()
@@ -270,8 +270,11 @@ def test_a_pass_scales_a_service_at_zero_with_queued_requests_once() -> None:
     loop = ScaleFromZero(kube, lambda: [tenant("t1")], period=1.0, read=read)
     assert scaled(loop) == [("t1", 3)]
     assert reads == [("10.1.0.5", 9091)]
-    assert ("t1", "ScaledFromZero", "3 requests waited in endpoint picker llm-epp for InferencePool llm;"
-            " scaled from 0 to 1 replica") in kube.events
+    assert (
+        "t1",
+        "ScaledFromZero",
+        "3 requests waited in endpoint picker llm-epp for InferencePool llm; scaled from 0 to 1 replica",
+    ) in kube.events
     assert kube.conditions[("t1", "llm")]["reason"] == "EndpointPickerRead"
     assert scaled(loop) == []  # the scale read 1 since: nothing more (the watch cache still says 0)
 
@@ -374,5 +377,5 @@ def test_the_api_refuses_its_own_service_as_picker_and_a_privileged_metrics_port
     own["metadata"]["name"] = "llm"
     with pytest.raises(ValidationError, match=PICKER_FIELD.replace(".", r"\.")):
         VLLMService.model_validate(own)
-    with pytest.raises(ValidationError, match="metricsPort|metrics_port"):
+    with pytest.raises(ValidationError, match=r"metricsPort|metrics_port"):
         VLLMService.model_validate(pool_body({**POOL, "scaleFromZero": {"metricsPort": 22}}))

@@ -21,7 +21,7 @@ CONDITION_TYPES = (
     "ScaleFromZero",
 )
 SCALE_FROM_ZERO = "ScaleFromZero"
-# Conditions the scale-from-zero loop writes (controller/scalefromzero.py), which a reconcile keeps as they are.
+# Conditions the scale-from-zero loop writes (controller/scalefromzero.py); a reconcile keeps them.
 LOOP_CONDITIONS = (SCALE_FROM_ZERO,)
 
 

@@ -77,8 +77,8 @@ def queued_requests(text: bytes, pool: str) -> int:
     """Requests waiting in the EPP's queue for InferencePool `pool`: the sum of the queue gauge's samples
     labelled with it (one per fairness id, priority and model). Only lines that start with the gauge's name
     are looked at (found with bytes.find, not split: a flood of other lines costs no parsing); more than
-    MAX_QUEUE_SAMPLES of them, or a labelled one that is not a sample line, is refused. Samples of other pools, and
-    values that are not finite and positive, count nothing."""
+    MAX_QUEUE_SAMPLES of them, or a labelled one that is not a sample line, is refused. Samples of other
+    pools, and values that are not finite and positive, count nothing."""
     needle = b"\n" + QUEUE_GAUGE.encode()
     padded = b"\n" + text
     total, samples, start = 0.0, 0, padded.find(needle)
@@ -144,7 +144,9 @@ def picker_service_refusal(service: Manifest | None, name: str) -> str | None:
     return None
 
 
-def address_refusal(address: str, target: Manifest | None, pod: Manifest | None, namespace: str) -> str | None:
+def address_refusal(
+    address: str, target: Manifest | None, pod: Manifest | None, namespace: str
+) -> str | None:
     """Why an EndpointSlice address may not be read, or None: it must be the own IP of a pod of this
     namespace (what the VLLMService's author could reach from a pod of their own) that is not stoker's."""
     if not target or target.get("kind") != "Pod" or target.get("namespace", namespace) != namespace:
@@ -375,7 +377,10 @@ class ScaleFromZero:
                 self._backoff[picker] = (failures, time.monotonic() + wait)
         if refused:
             log.warning(
-                "Endpoint picker metrics not read service=%s/%s: %s", picker.namespace, picker.service, refused
+                "Endpoint picker metrics not read service=%s/%s: %s",
+                picker.namespace,
+                picker.service,
+                refused,
             )
         condition = scale_from_zero_condition(picker.service, refused, wait)
         for cand in cands:
