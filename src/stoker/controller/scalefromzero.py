@@ -257,6 +257,17 @@ def candidate(body: Manifest) -> Candidate | None:
 Read = Callable[[str, int, float, int], bytes]
 
 
+def says(reported: Manifest | None, condition: Condition) -> bool:
+    """Whether a VLLMService's ScaleFromZero condition says what `condition` does."""
+    before = reported or {}
+    status = "True" if condition.status else "False"
+    return (before.get("status"), before.get("reason"), before.get("message")) == (
+        status,
+        condition.reason,
+        condition.message,
+    )
+
+
 class ScaleFromZero:
     """The loop. `services` lists the VLLMServices (the watch cache's) that set scaleFromZero; `kube` is
     the operator's Kube (its writes are fenced by the leader's term). Each pass starts a read of every EPP
@@ -278,6 +289,7 @@ class ScaleFromZero:
         self._guard = threading.Lock()
         self._reading: set[Picker] = set()
         self._backoff: dict[Picker, tuple[int, float]] = {}  # failures in a row, monotonic time to retry
+        self._reports: dict[Picker, Condition] = {}  # what the last read of each EPP said
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -305,13 +317,31 @@ class ScaleFromZero:
                 by_picker.setdefault(cand.picker, []).append(cand)
         now = time.monotonic()
         with self._guard:
-            due = [
+            idle = [picker for picker in by_picker if picker not in self._reading]
+            due = [picker for picker in idle if self._backoff.get(picker, (0, 0.0))[1] <= now]
+            # A report a write of someone else's took away while the EPP is skipped: said again, no Event.
+            unsaid = [
                 picker
-                for picker in by_picker
-                if picker not in self._reading and self._backoff.get(picker, (0, 0.0))[1] <= now
+                for picker in idle
+                if picker not in due
+                and picker in self._reports
+                and not all(says(cand.reported, self._reports[picker]) for cand in by_picker[picker])
             ]
-            self._reading.update(due)
-        return [self._readers.submit(self._read_picker, picker, by_picker[picker]) for picker in due]
+            self._reading.update(due + unsaid)
+        return [self._readers.submit(self._read_picker, picker, by_picker[picker]) for picker in due] + [
+            self._readers.submit(self._report_again, picker, by_picker[picker]) for picker in unsaid
+        ]
+
+    def _report_again(self, picker: Picker, cands: list[Candidate]) -> list[tuple[Candidate, int]]:
+        try:
+            for cand in cands:
+                self._report(cand, self._reports[picker], event=False)
+        except Exception:
+            log.exception("Scale-from-zero report failed service=%s/%s", picker.namespace, picker.service)
+        finally:
+            with self._guard:
+                self._reading.discard(picker)
+        return []
 
     def _read_picker(self, picker: Picker, cands: list[Candidate]) -> list[tuple[Candidate, int]]:
         try:
@@ -351,7 +381,11 @@ class ScaleFromZero:
         for address, target in ready_endpoints(slices)[:MAX_ADDRESSES]:
             pod = None
             if target and target.get("kind") == "Pod" and target.get("name"):
-                pod = self.kube.get("v1", "Pod", picker.namespace, str(target["name"]))
+                try:
+                    pod = self.kube.get("v1", "Pod", picker.namespace, str(target["name"]))
+                except ApiException as error:
+                    refusals.append(f"{address}: pod {target['name']} not read (HTTP {error.status})")
+                    continue
             refused = address_refusal(address, target, pod, picker.namespace)
             if refused:
                 refusals.append(refused)
@@ -383,22 +417,19 @@ class ScaleFromZero:
                 refused,
             )
         condition = scale_from_zero_condition(picker.service, refused, wait)
+        with self._guard:
+            self._reports[picker] = condition
         for cand in cands:
-            self._report(cand, condition)
+            self._report(cand, condition, event=True)
 
-    def _report(self, cand: Candidate, condition: Condition) -> None:
-        """The ScaleFromZero condition on the VLLMService when it changed, and a Warning Event when the
-        EPP could not be read (aggregated on repeats)."""
-        before = cand.reported or {}
-        status = "True" if condition.status else "False"
-        if (before.get("status"), before.get("reason"), before.get("message")) == (
-            status,
-            condition.reason,
-            condition.message,
-        ):
+    def _report(self, cand: Candidate, condition: Condition, *, event: bool) -> None:
+        """The ScaleFromZero condition on the VLLMService when it changed, and a Warning Event (aggregated
+        on repeats) when the EPP could not be read."""
+        if says(cand.reported, condition):
             return
-        owner = {"metadata": {"namespace": cand.namespace, "name": cand.name, "uid": cand.uid}}
-        if not condition.status:
+        before = cand.reported or {}
+        if event and not condition.status:
+            owner = {"metadata": {"namespace": cand.namespace, "name": cand.name, "uid": cand.uid}}
             self.kube.post_event(owner, condition.reason, condition.message, warning=True)
         (written,) = merge_conditions([before] if before else [], [condition], 0, now_rfc3339())
         written.pop("observedGeneration")
