@@ -16,6 +16,7 @@ from stoker.controller.decide import blocked_status
 from stoker.controller.scalefromzero import (
     MAX_QUEUE_SAMPLES,
     PICKER_FIELD,
+    READS_PER_NAMESPACE,
     MetricsRefused,
     ScaleFromZero,
     address_refusal,
@@ -398,3 +399,28 @@ def test_a_report_taken_away_while_backing_off_is_said_again_without_an_event() 
     obj["status"] = {"conditions": []}  # a reconcile's write took it away
     scaled(loop)
     assert kube.conditions[("t1", "llm")]["message"] == said["message"] and len(kube.events) == events
+
+
+def test_one_namespace_holds_only_a_few_readers_at_once() -> None:
+    kube = FakeKube()
+    release = threading.Event()
+    reads: list[str] = []
+
+    def hang(address: str, port: int, deadline: float, limit: int) -> bytes:
+        reads.append(address)
+        release.wait(5)
+        raise MetricsRefused("no whole answer within the deadline")
+
+    services = [tenant("t1", f"s{i}") for i in range(10)]
+    for i, obj in enumerate(services):
+        obj["spec"]["inferencePool"]["endpointPicker"] = {"name": f"epp-{i}"}
+    loop = ScaleFromZero(kube, lambda: services, 1.0, read=hang)
+    first = loop.once()
+    assert len(first) == READS_PER_NAMESPACE and loop.once() == []
+    release.set()
+    for future in first:
+        future.result(timeout=5)
+    for future in loop.once():  # the next ones (those read back off), and their reports said again
+        future.result(timeout=5)
+    assert len(reads) == 2 * READS_PER_NAMESPACE
+    loop.stop()

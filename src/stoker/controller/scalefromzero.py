@@ -9,8 +9,8 @@ through its scale subresource, as an autoscaler would (with the Scale's resource
 since the read wins). It never scales down: that stays the user's or an autoscaler's.
 
 What an EPP answers is untrusted, and one tenant's EPP must not delay another's scale (docs/security.md):
-- each EPP is read in a task of its own on a bounded pool of reader threads, and the loop never waits for
-  one: a victim's EPP is read every period whatever other EPPs do;
+- each EPP is read in a task of its own on a bounded pool of reader threads (a few per namespace at a
+  time), and the loop never waits for one: a victim's EPP is read every period whatever other EPPs do;
 - one deadline covers the whole read of an EPP (connect, request, headers, body, every address), checked
   on every receive, and the bytes read are bounded: a peer that trickles is cut at the deadline;
 - only the lines of the one gauge for this pool are parsed, at most MAX_QUEUE_SAMPLES of them;
@@ -28,6 +28,7 @@ import re
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ MAX_QUEUE_SAMPLES = 256  # the gauge's samples in one answer: one per flow (fair
 MAX_ADDRESSES = 8  # EPP replicas read; each holds its own queue
 METRICS_TIMEOUT_SECONDS = 2.0  # the whole read of one EPP, connect to last byte of its last address
 READERS = 32  # EPPs read at once
+READS_PER_NAMESPACE = 4  # of them, one namespace's: the others always have readers left
 BACKOFF_SECONDS = 10.0  # an EPP that could not be read is skipped this long, doubling on each failure
 MAX_BACKOFF_SECONDS = 300.0
 CHUNK = 64 * 1024
@@ -318,7 +320,15 @@ class ScaleFromZero:
         now = time.monotonic()
         with self._guard:
             idle = [picker for picker in by_picker if picker not in self._reading]
-            due = [picker for picker in idle if self._backoff.get(picker, (0, 0.0))[1] <= now]
+            busy = Counter(picker.namespace for picker in self._reading)
+            due = []
+            for picker in idle:
+                if (
+                    self._backoff.get(picker, (0, 0.0))[1] <= now
+                    and busy[picker.namespace] < READS_PER_NAMESPACE
+                ):
+                    busy[picker.namespace] += 1
+                    due.append(picker)
             # A report a write of someone else's took away while the EPP is skipped: said again, no Event.
             unsaid = [
                 picker
