@@ -221,9 +221,11 @@ class FakeKube:
         self.replicas: dict[tuple[str, str], int] = {}
         self.events: list[tuple[str, str, str]] = []
         self.conditions: dict[tuple[str, str], dict] = {}
+        self.gets: list[str] = []
         self.guard = threading.Lock()
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        self.gets.append(kind)
         ip = f"10.{namespace[1:]}.0.5"
         if kind == "Pod":
             return {"metadata": {"name": name}, "status": {"podIP": ip}}
@@ -278,6 +280,7 @@ def test_a_pass_scales_a_service_at_zero_with_queued_requests_once() -> None:
     ) in kube.events
     assert kube.conditions[("t1", "llm")]["reason"] == "EndpointPickerRead"
     assert scaled(loop) == []  # the scale read 1 since: nothing more (the watch cache still says 0)
+    assert kube.gets == ["Service", "Pod"]  # checked once, not again within CHECKED_SECONDS
 
 
 def test_only_services_at_zero_with_scale_from_zero_are_candidates() -> None:

@@ -62,6 +62,7 @@ READERS = 32  # EPPs read at once
 READS_PER_NAMESPACE = 4  # of them, one namespace's: the others always have readers left
 BACKOFF_SECONDS = 10.0  # an EPP that could not be read is skipped this long, doubling on each failure
 MAX_BACKOFF_SECONDS = 300.0
+CHECKED_SECONDS = 10.0  # a picker Service, or a pod's address, found acceptable is not asked again so soon
 CHUNK = 64 * 1024
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 # A sample line of the gauge: labels, value, optional timestamp (Prometheus text format 0.0.4).
@@ -292,6 +293,8 @@ class ScaleFromZero:
         self._reading: set[Picker] = set()
         self._backoff: dict[Picker, tuple[int, float]] = {}  # failures in a row, monotonic time to retry
         self._reports: dict[Picker, Condition] = {}  # what the last read of each EPP said
+        # (namespace, Service, "") or (namespace, pod, address) found acceptable, until (monotonic)
+        self._checks: dict[tuple[str, str, str], float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -378,10 +381,12 @@ class ScaleFromZero:
         EPP replicas: each holds its own queue), within one deadline and one byte bound; and why any
         could not be read."""
         try:
-            service = self.kube.get("v1", "Service", picker.namespace, picker.service)
-            refused = picker_service_refusal(service, picker.service)
-            if refused:
-                return [], [refused]
+            if not self._still_checked((picker.namespace, picker.service, "")):
+                service = self.kube.get("v1", "Service", picker.namespace, picker.service)
+                refused = picker_service_refusal(service, picker.service)
+                if refused:
+                    return [], [refused]
+                self._checked((picker.namespace, picker.service, ""))
             slices = self.kube.endpoint_slices(picker.namespace, f"{SERVICE_NAME_LABEL}={picker.service}")
         except ApiException as error:
             return [], [f"Service {picker.service} or its EndpointSlices not read (HTTP {error.status})"]
@@ -389,17 +394,19 @@ class ScaleFromZero:
         refusals: list[str] = []
         left = MAX_METRICS_BYTES
         for address, target in ready_endpoints(slices)[:MAX_ADDRESSES]:
-            pod = None
-            if target and target.get("kind") == "Pod" and target.get("name"):
+            name = str((target or {}).get("name") or "")
+            key = (picker.namespace, name, address)
+            if not (name and (target or {}).get("kind") == "Pod" and self._still_checked(key)):
                 try:
-                    pod = self.kube.get("v1", "Pod", picker.namespace, str(target["name"]))
+                    pod = self.kube.get("v1", "Pod", picker.namespace, name) if name else None
                 except ApiException as error:
-                    refusals.append(f"{address}: pod {target['name']} not read (HTTP {error.status})")
+                    refusals.append(f"{address}: pod {name} not read (HTTP {error.status})")
                     continue
-            refused = address_refusal(address, target, pod, picker.namespace)
-            if refused:
-                refusals.append(refused)
-                continue
+                refused = address_refusal(address, target, pod, picker.namespace)
+                if refused:
+                    refusals.append(refused)
+                    continue
+                self._checked(key)
             try:
                 text = self.read(address, picker.metrics_port, deadline, left)
             except MetricsRefused as error:
@@ -408,6 +415,18 @@ class ScaleFromZero:
             left -= len(text)
             texts.append(text)
         return texts, refusals
+
+    def _still_checked(self, key: tuple[str, str, str]) -> bool:
+        with self._guard:
+            return self._checks.get(key, 0.0) > time.monotonic()
+
+    def _checked(self, key: tuple[str, str, str]) -> None:
+        """A picker Service, or a pod's address, found acceptable: not asked again for CHECKED_SECONDS."""
+        now = time.monotonic()
+        with self._guard:
+            if len(self._checks) > 4096:  # forget the expired ones
+                self._checks = {k: until for k, until in self._checks.items() if until > now}
+            self._checks[key] = now + CHECKED_SECONDS
 
     def _outcome(self, picker: Picker, cands: list[Candidate], refused: str | None) -> None:
         """Back off from an EPP that could not be read, or forget its failures; say so on the VLLMServices
