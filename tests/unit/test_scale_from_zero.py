@@ -22,7 +22,7 @@ from stoker.controller.scalefromzero import (
     address_refusal,
     candidate,
     picker_service_refusal,
-    queued_requests,
+    queued_by_pool,
     read_metrics,
     ready_addresses,
 )
@@ -50,13 +50,11 @@ EPP_METRICS = (
 ).encode()
 
 
-def test_queued_requests_sums_this_pools_gauge_only() -> None:
-    assert queued_requests(EPP_METRICS, "llm") == 3
-    assert queued_requests(EPP_METRICS, "other") == 7
-    assert queued_requests(EPP_METRICS, "z") == 5  # a label value that looks like a label is a value
-    assert queued_requests(EPP_METRICS, "none") == 0
-    assert queued_requests(b"", "llm") == 0
-    assert queued_requests(gauge("a", "llm", "1e300").encode(), "llm") == int(1e9)
+def test_queued_requests_are_summed_by_pool() -> None:
+    # NaN and -4 count nothing; a label value that looks like a label is a value
+    assert queued_by_pool(EPP_METRICS) == {"llm": 3, "other": 7, "z": 5}
+    assert queued_by_pool(b"") == {}
+    assert queued_by_pool(gauge("a", "llm", "1e300").encode()) == {"llm": int(1e9)}
 
 
 @pytest.mark.parametrize(
@@ -69,14 +67,14 @@ def test_queued_requests_sums_this_pools_gauge_only() -> None:
 )
 def test_queued_requests_refuses_what_does_not_parse_or_is_too_much(text: bytes) -> None:
     with pytest.raises(MetricsRefused):
-        queued_requests(text, "llm")
+        queued_by_pool(text)
 
 
 def test_a_flood_of_other_lines_costs_no_parsing() -> None:
     flood = b"".join(b'go_gc_duration_seconds{quantile="%d"} 1\n' % i for i in range(25_000))
     started = time.process_time()
     for _ in range(10):
-        assert queued_requests(flood + gauge("a", "llm", "1").encode(), "llm") == 1
+        assert queued_by_pool(flood + gauge("a", "llm", "1").encode()) == {"llm": 1}
     assert time.process_time() - started < 0.5  # 10 MiB looked at; measured about 0.02 s
 
 

@@ -76,15 +76,16 @@ class MetricsRefused(Exception):
     """An EPP's /metrics could not be read or was not acceptable (status, size, time, text)."""
 
 
-def queued_requests(text: bytes, pool: str) -> int:
-    """Requests waiting in the EPP's queue for InferencePool `pool`: the sum of the queue gauge's samples
-    labelled with it (one per fairness id, priority and model). Only lines that start with the gauge's name
-    are looked at (found with bytes.find, not split: a flood of other lines costs no parsing); more than
-    MAX_QUEUE_SAMPLES of them, or a labelled one that is not a sample line, is refused. Samples of other
-    pools, and values that are not finite and positive, count nothing."""
+def queued_by_pool(text: bytes) -> dict[str, int]:
+    """Requests waiting in the EPP's queue, by InferencePool: the sums of the queue gauge's samples labelled
+    with each pool (one sample per fairness id, priority and model). Only lines that start with the gauge's
+    name are looked at (found with bytes.find, not split: a flood of other lines costs no parsing); more
+    than MAX_QUEUE_SAMPLES of them, or a labelled one that is not a sample line, is refused. Values that are
+    not finite and positive count nothing."""
     needle = b"\n" + QUEUE_GAUGE.encode()
     padded = b"\n" + text
-    total, samples, start = 0.0, 0, padded.find(needle)
+    totals: dict[str, float] = {}
+    samples, start = 0, padded.find(needle)
     while start >= 0:
         end = padded.find(b"\n", start + 1)
         line = padded[start + len(needle) : end if end >= 0 else len(padded)]
@@ -97,16 +98,14 @@ def queued_requests(text: bytes, pool: str) -> int:
         match = _SAMPLE.fullmatch(line.decode("utf-8", errors="replace"))
         if match is None:
             raise MetricsRefused(f"not a sample line of {QUEUE_GAUGE}: {line[:200]!r}")
-        labels = dict(_LABEL.findall(match.group(1)))
-        if labels.get(POOL_LABEL) != pool:
-            continue
+        pool = dict(_LABEL.findall(match.group(1))).get(POOL_LABEL)
         try:
             value = float(match.group(2))
         except ValueError as error:
             raise MetricsRefused(f"not a number: {match.group(2)[:50]!r}") from error
-        if math.isfinite(value) and value > 0:
-            total += value
-    return int(min(total, 1e9))
+        if pool is not None and math.isfinite(value) and value > 0:
+            totals[pool] = totals.get(pool, 0.0) + value
+    return {pool: int(min(total, 1e9)) for pool, total in totals.items()}
 
 
 def ready_endpoints(slices: Iterable[Manifest]) -> list[tuple[str, Manifest | None]]:
@@ -361,12 +360,13 @@ class ScaleFromZero:
             texts, refusals = self._metrics_of(picker, time.monotonic() + METRICS_TIMEOUT_SECONDS)
             queued = {cand: 0 for cand in cands}
             for text in texts:
+                try:
+                    by_pool = queued_by_pool(text)
+                except MetricsRefused as refused:
+                    refusals.append(str(refused))
+                    continue
                 for cand in cands:
-                    try:
-                        queued[cand] += queued_requests(text, cand.pool)
-                    except MetricsRefused as refused:
-                        refusals.append(str(refused))
-                        break
+                    queued[cand] += by_pool.get(cand.pool, 0)
             self._outcome(picker, cands, refusals[0] if refusals else None)
             return [(cand, n) for cand, n in queued.items() if n > 0 and self._scale(cand, n)]
         except Exception:
