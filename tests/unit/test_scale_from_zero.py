@@ -317,7 +317,7 @@ def test_a_hostile_picker_never_delays_another_tenants_scale_and_is_reported_on_
     reports = {key: c for key, c in kube.conditions.items() if c["status"] == "False"}
     assert sorted(reports) == sorted((f"t{i}", "llm") for i in range(1, 11))
     assert all(c["reason"] == "EndpointPickerUnreadable" for c in reports.values())
-    assert "not read again for 10 s" in reports[("t1", "llm")]["message"]
+    assert "not read again for 5 s" in reports[("t1", "llm")]["message"]
     assert all(ns != "t99" for ns, reason, _ in kube.events if reason == "EndpointPickerUnreadable")
     assert sum(1 for _, reason, _ in kube.events if reason == "EndpointPickerUnreadable") == 10
     release.set()
@@ -336,12 +336,12 @@ def test_a_picker_is_read_once_at_a_time_and_backs_off_doubling() -> None:
     assert scaled(loop) == [] and scaled(loop) == [] and len(calls) == 1
     picker = candidate(tenant("t1")).picker  # type: ignore[union-attr]
     failures, retry_at = loop._backoff[picker]
-    assert failures == 1 and 9 < retry_at - time.monotonic() <= 10
+    assert failures == 1 and 4 < retry_at - time.monotonic() <= 5
     loop._backoff[picker] = (failures, 0.0)
     assert scaled(loop) == [] and len(calls) == 2
     failures, retry_at = loop._backoff[picker]
-    assert failures == 2 and 19 < retry_at - time.monotonic() <= 20
-    assert kube.replicas == {} and "not read again for 20 s" in kube.conditions[("t1", "llm")]["message"]
+    assert failures == 2 and 9 < retry_at - time.monotonic() <= 10
+    assert kube.replicas == {} and "not read again for 10 s" in kube.conditions[("t1", "llm")]["message"]
 
 
 def test_a_stokers_own_service_as_picker_is_never_read() -> None:
