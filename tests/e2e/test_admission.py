@@ -202,6 +202,7 @@ GRANTS = {
     "PersistentVolumeClaim": ("", "persistentvolumeclaims", "use"),
     "PriorityClass": ("scheduling.k8s.io", "priorityclasses", "use"),
     "ResourceClaim": ("resource.k8s.io", "resourceclaims", "use"),
+    "Service": ("", "services", "get"),
     # An ephemeral volume's claim that clones or binds existing data: what creating it directly needs.
     "PersistentVolumeClaim made from existing data": ("", "persistentvolumeclaims", "create"),
 }
@@ -345,6 +346,13 @@ CASES: dict[str, Case] = {
         "spec.coldStart.standby.sharedGpu.resourceClaimName",
         "ResourceClaim",
         "other-team-gpu",
+    ),
+    # The operator reads the /metrics of the pods behind it (scale from zero): one the author may get.
+    "scale-from-zero-endpoint-picker": (
+        {"inferencePool": {"endpointPicker": {"name": "other-team-epp"}, "scaleFromZero": {}}},
+        "spec.inferencePool.endpointPicker.name",
+        "Service",
+        "other-team-epp",
     ),
 }
 

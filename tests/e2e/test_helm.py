@@ -227,9 +227,11 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("stoker.dev", "vllmservices/status")] == {"get", "patch"}
     assert verbs[("stoker.dev", "vllmservices/finalizers")] == {"update"}
     # spec.inferencePool: the pool (read per pass, never watched: its CRD may be missing), and scale from
-    # zero (the EPP Service's EndpointSlices, the scale subresource as an autoscaler uses it).
+    # zero (the EPP Service's EndpointSlices, each address checked against its pod with a get, the scale
+    # subresource as an autoscaler uses it).
     assert verbs[("inference.networking.k8s.io", "inferencepools")] == {"get", "create", "patch", "delete"}
     assert verbs[("discovery.k8s.io", "endpointslices")] == {"list"}
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch", "delete"}
     assert verbs[("stoker.dev", "vllmservices/scale")] == {"get", "update"}
     # coldStart.nodeWarming: the warmer DaemonSets, deleted again when warming is skipped or turned off.
     assert verbs[("apps", "daemonsets")] == {"get", "list", "watch", "create", "patch", "delete"}

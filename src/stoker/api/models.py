@@ -774,7 +774,8 @@ class EndpointPickerRef(_Model):
         min_length=1,
         max_length=63,
         pattern=_DNS_1123_LABEL,
-        description="Name of the EPP's Service, in the VLLMService's namespace.",
+        description="Name of the EPP's Service, in the VLLMService's namespace; never a Service of stoker's"
+        " (this VLLMService's own is refused here, another's when read: condition ScaleFromZero).",
     )
     port: int = Field(
         default=9002,
@@ -792,11 +793,11 @@ class ScaleFromZeroSpec(_Model):
 
     metrics_port: int = Field(
         default=9090,
-        ge=1,
+        ge=1024,
         le=65535,
         description="Port of the EPP's Prometheus metrics (`--metrics-port`), read on the ready addresses of"
-        " the EPP Service's EndpointSlices; served without authentication"
-        " (`--metrics-endpoint-auth=false`).",
+        " the EPP Service's EndpointSlices (pods of this namespace only); served without authentication"
+        " (`--metrics-endpoint-auth=false`). Not a privileged port (1024 or above).",
     )
 
 
@@ -1485,6 +1486,10 @@ class VLLMServiceStatus(_StatusModel):
 # ------------------------------------------------------------------------------------------ resource
 
 _DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_PICKER_IS_OWN_SERVICE = (
+    "spec.inferencePool.endpointPicker.name names this VLLMService's own Service (stoker's): name the"
+    " endpoint picker's Service"
+)
 _NAME_RULES = [
     _cel(
         f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
@@ -1493,6 +1498,11 @@ _NAME_RULES = [
     _cel(
         f"self.metadata.name.matches('{_DNS_1035}')",
         "metadata.name must be a DNS-1035 label (it names a Service)",
+    ),
+    _cel(
+        "!has(self.spec.inferencePool) || self.spec.inferencePool.endpointPicker.name != self.metadata.name",
+        _PICKER_IS_OWN_SERVICE,
+        ".spec.inferencePool.endpointPicker.name",
     ),
 ]
 
@@ -1519,6 +1529,9 @@ class VLLMService(BaseModel):
                 "metadata.name",
                 f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters",
             )
+        pool = self.spec.inference_pool
+        if pool is not None and name is not None and pool.endpoint_picker.name == name:
+            raise FieldError("spec.inferencePool.endpointPicker.name", _PICKER_IS_OWN_SERVICE)
         return self
 
     @property

@@ -18,7 +18,11 @@ CONDITION_TYPES = (
     "Degraded",
     "StartupRecorded",
     "NodeWarming",
+    "ScaleFromZero",
 )
+SCALE_FROM_ZERO = "ScaleFromZero"
+# Conditions the scale-from-zero loop writes (controller/scalefromzero.py); a reconcile keeps them.
+LOOP_CONDITIONS = (SCALE_FROM_ZERO,)
 
 
 @dataclass(frozen=True)
@@ -214,16 +218,36 @@ def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
     )
 
 
+def scale_from_zero_condition(picker: str, refused: str | None, retry_seconds: float | None) -> Condition:
+    """Whether the endpoint picker's queue could be read: a refusal names what and when it is read again."""
+    if refused is None:
+        return Condition(
+            SCALE_FROM_ZERO, True, "EndpointPickerRead", f"The queue of endpoint picker {picker} is read"
+        )
+    return Condition(
+        SCALE_FROM_ZERO,
+        False,
+        "EndpointPickerUnreadable",
+        f"Endpoint picker {picker} not read: {refused}; not read again for {retry_seconds or 0:g} s,"
+        " so a request waiting there does not scale this service from zero meanwhile"[:1024],
+    )
+
+
 def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_conditions(
-    previous: list[dict[str, Any]] | None, wanted: list[Condition], generation: int, now: str
+    previous: list[dict[str, Any]] | None,
+    wanted: list[Condition],
+    generation: int,
+    now: str,
+    kept: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """The whole list, in a stable order; a condition keeps its transition time unless its status flips."""
+    """The whole list, in a stable order; a condition keeps its transition time unless its status flips.
+    The previous conditions of the types in `kept` (another writer's) stay as they are."""
     before = {c.get("type"): c for c in previous or []}
-    merged = []
+    merged = [c for c in previous or [] if c.get("type") in kept]
     for condition in sorted(wanted, key=lambda c: CONDITION_TYPES.index(c.type)):
         status = "True" if condition.status else "False"
         old = before.get(condition.type)
@@ -238,4 +262,4 @@ def merge_conditions(
                 "observedGeneration": generation,
             }
         )
-    return merged
+    return sorted(merged, key=lambda c: CONDITION_TYPES.index(str(c["type"])))

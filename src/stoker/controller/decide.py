@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from stoker.api import VLLMService
 from stoker.controller.conditions import (
+    LOOP_CONDITIONS,
     Condition,
     Rollout,
     available_condition,
@@ -491,7 +492,9 @@ def decide_status(
     new_status: Manifest = {
         **status,
         "observedGeneration": generation,
-        "conditions": merge_conditions(status.get("conditions"), conditions, generation, snap.now),
+        "conditions": merge_conditions(
+            status.get("conditions"), conditions, generation, snap.now, loop_conditions(snap.body)
+        ),
         "replicas": int(dep_status.get("replicas") or 0) if standby is None else standby.active,
         "readyReplicas": serving,
         "ready": f"{serving}/{desired}",
@@ -546,8 +549,17 @@ def blocked_status(body: Manifest, reason: str, message: str, now: str) -> Statu
     if _changed(status, conditions[-1]) or status.get("observedGeneration") != generation:
         events.append(Event(reason, message, True))
     new_status = dict(status, observedGeneration=generation)
-    new_status["conditions"] = merge_conditions(status.get("conditions"), conditions, generation, now)
+    new_status["conditions"] = merge_conditions(
+        status.get("conditions"), conditions, generation, now, loop_conditions(body)
+    )
     return StatusPlan(new_status, events, "invalid" if reason == "InvalidSpec" else "conflict")
+
+
+def loop_conditions(body: Manifest) -> tuple[str, ...]:
+    """The conditions another writer keeps on this VLLMService: the scale-from-zero loop's while the spec
+    asks for scale from zero (dropped with it)."""
+    pool = (body.get("spec") or {}).get("inferencePool")
+    return LOOP_CONDITIONS if isinstance(pool, dict) and pool.get("scaleFromZero") is not None else ()
 
 
 def _reused_model(facts: str) -> Manifest | None:

@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     load_config()
-    kube = Kube(settings.field_manager, connections=settings.workers + 4)
+    # A connection for each worker and each endpoint-picker reader, none discarded.
+    kube = Kube(settings.field_manager, connections=settings.workers + 4 + scalefromzero.READERS)
     if settings.control_key is None and settings.control_key_secret:
         try:
             key = ensure_control_key(kube, settings.operator_namespace, settings.control_key_secret)
