@@ -5,7 +5,7 @@ from stoker.controller.ownership import (
     conflicts,
     covers,
     created_by_deployment,
-    foreign_template_fields,
+    foreign_fields,
     never_shrink,
     owned_by,
     proven_seed,
@@ -74,9 +74,14 @@ def test_a_pvc_is_never_shrunk_below_its_live_size():
 
 def template_fields(*leaves: str) -> dict:
     """A managedFields fieldsV1 tree owning these pod-template paths ('|' between parts)."""
+    return spec_fields(*(f"f:template|{leaf}" for leaf in leaves))
+
+
+def spec_fields(*leaves: str) -> dict:
+    """A managedFields fieldsV1 tree owning these paths under spec ('|' between parts)."""
     tree: dict = {}
     for leaf in leaves:
-        node = tree.setdefault("f:spec", {}).setdefault("f:template", {})
+        node = tree.setdefault("f:spec", {})
         for part in leaf.split("|"):
             node = node.setdefault(part, {})
     return tree
@@ -111,7 +116,9 @@ def test_drift_removes_every_template_field_only_others_set():
         "f:spec|f:hostNetwork",
         "f:spec|f:serviceAccountName",
     )
-    ops = foreign_template_fields(live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
+    ops = foreign_fields(
+        "Deployment", live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs)), "stoker"
+    )
     base = "/spec/template/spec"
     assert [op["path"] for op in ops if op["op"] == "remove"] == [
         f"{base}/serviceAccountName",
@@ -130,7 +137,35 @@ def test_a_field_both_set_and_a_rollout_restart_stay():
     restart = template_fields("f:metadata|f:annotations|f:kubectl.kubernetes.io/restartedAt")
     live = live_deployment(pod, ("stoker", both), ("kubectl", both), ("kubectl-rollout", restart))
     live["spec"]["template"]["metadata"] = {"annotations": {"kubectl.kubernetes.io/restartedAt": "t"}}
-    assert foreign_template_fields(live, "stoker") == []
+    assert foreign_fields("Deployment", live, "stoker") == []
+
+
+def live_child(spec: dict, *managers: tuple[str, dict]) -> dict:
+    entries = [{"manager": m, "operation": "Update", "fieldsV1": f} for m, f in managers]
+    return {"metadata": {"managedFields": entries}, "spec": spec}
+
+
+def test_a_service_is_compared_whole_but_keeps_what_the_server_allocates():
+    spec = {
+        "selector": {"app": "x", "hand": "added"},
+        "ports": [{"port": 8000, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}],
+        "clusterIP": "10.0.0.1",
+        "sessionAffinity": "None",  # defaulted: no manager, stays
+    }
+    ours = spec_fields("f:selector|f:app", 'f:ports|k:{"port":8000,"protocol":"TCP"}|.')
+    theirs = spec_fields(
+        "f:selector|f:hand", 'f:ports|k:{"port":9000,"protocol":"TCP"}|.', "f:clusterIP", "f:type"
+    )
+    ops = foreign_fields("Service", live_child(spec, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
+    assert [op["path"] for op in ops if op["op"] == "remove"] == ["/spec/selector/hand", "/spec/ports/1"]
+    assert {"op": "test", "path": "/spec/ports/1/port", "value": 9000} in ops
+
+
+def test_a_claim_keeps_its_binding_and_a_hand_expansion():
+    spec = {"volumeName": "pv-1", "resources": {"requests": {"storage": "64Gi"}}, "accessModes": ["x"]}
+    theirs = spec_fields("f:volumeName", "f:resources|f:requests|f:storage")
+    live = live_child(spec, ("stoker", spec_fields("f:accessModes")), ("kube-controller-manager", theirs))
+    assert foreign_fields("PersistentVolumeClaim", live, "stoker") == []
 
 
 def test_the_live_object_covers_what_is_rendered_despite_defaults_and_quantity_spellings():

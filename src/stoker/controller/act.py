@@ -25,7 +25,7 @@ from stoker.controller.objects import merge_patch
 from stoker.controller.ownership import (
     ChildConflict,
     claim_signature,
-    foreign_template_fields,
+    foreign_fields,
     release,
     signed_for_creation,
     stokers,
@@ -127,19 +127,19 @@ class Actor:
         # the apply (uid is immutable) instead of applying to the newcomer.
         child["metadata"]["uid"] = current["metadata"]["uid"]
         written = self.kube.apply(child)
-        if child["kind"] == "Deployment":
-            foreign = foreign_template_fields(written, self.kube.field_manager)
-            if foreign:
-                meta = child["metadata"]
-                written = self.kube.patch_json(
-                    "apps/v1", "Deployment", meta["namespace"], meta["name"], foreign
-                )
-                log.info(
-                    "Removed from the pod template what stoker does not render deployment=%s/%s paths=%s",
-                    meta["namespace"],
-                    meta["name"],
-                    ",".join(op["path"] for op in foreign if op["op"] == "remove"),
-                )
+        foreign = foreign_fields(child["kind"], written, self.kube.field_manager)
+        if foreign:
+            meta = child["metadata"]
+            written = self.kube.patch_json(
+                child["apiVersion"], child["kind"], meta["namespace"], meta["name"], foreign
+            )
+            log.info(
+                "Removed from the spec what stoker does not render %s=%s/%s paths=%s",
+                child["kind"].lower(),
+                meta["namespace"],
+                meta["name"],
+                ",".join(op["path"] for op in foreign if op["op"] == "remove"),
+            )
         return written
 
     def _taken_since(self, child: Manifest, body: Manifest, error: ApiException) -> Manifest:
