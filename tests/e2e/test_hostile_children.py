@@ -522,13 +522,14 @@ def test_a_hand_added_sidecar_env_and_volume_are_removed(namespace, kubectl, ope
 
 def test_hand_edits_of_the_service_are_undone_within_a_drift_period(namespace, kubectl, operator):
     """The Service is compared whole, like the pod template: a selector key added by hand (which would
-    select no pod), an added port and a changed session affinity are undone; its cluster IP, allocated by
-    the API server, stays."""
+    select no pod), stoker's port changed (it keeps the name `http` of the port stoker puts back), an added
+    port and a changed session affinity are undone; its cluster IP, allocated by the API server, stays."""
     apply(kubectl, namespace, service("edited"))
     wait_ready(kubectl, namespace, "edited")
     before = get_json(kubectl, "-n", namespace, "service", "edited")
     patch = [
         {"op": "add", "path": "/spec/selector/hand-added", "value": "nothing-has-this"},
+        {"op": "replace", "path": "/spec/ports/0/port", "value": 9000},
         {"op": "add", "path": "/spec/ports/-", "value": {"name": "extra", "port": 7777, "targetPort": 7777}},
         {"op": "replace", "path": "/spec/sessionAffinity", "value": "ClientIP"},
     ]

@@ -6,6 +6,7 @@ from stoker.controller.ownership import (
     covers,
     created_by_deployment,
     foreign_fields,
+    foreign_list_items,
     never_shrink,
     owned_by,
     proven_seed,
@@ -159,6 +160,26 @@ def test_a_service_is_compared_whole_but_keeps_what_the_server_allocates():
     ops = foreign_fields("Service", live_child(spec, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
     assert [op["path"] for op in ops if op["op"] == "remove"] == ["/spec/selector/hand", "/spec/ports/1"]
     assert {"op": "test", "path": "/spec/ports/1/port", "value": 9000} in ops
+
+
+def test_a_list_with_an_item_of_others_is_put_back_as_rendered_before_the_apply():
+    """A port changed by hand is an item of another key that keeps the name `http`: merged with stoker's
+    re-added port by the apply, the two would collide, so the list is replaced first."""
+    rendered = [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    edited = [{"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]
+    spec = {"selector": {"app": "x"}, "ports": edited, "clusterIP": "10.0.0.1"}
+    ours = spec_fields("f:selector|f:app", "f:type")
+    theirs = spec_fields('f:ports|k:{"port":9000,"protocol":"TCP"}|f:name', "f:clusterIP")
+    live = live_child(spec, ("stoker", ours), ("kubectl-edit", theirs))
+    desired = {"spec": {"type": "ClusterIP", "selector": {"app": "x"}, "ports": rendered}}
+    assert foreign_list_items("Service", live, desired, "stoker") == [
+        {"op": "test", "path": "/spec/ports", "value": edited},
+        {"op": "replace", "path": "/spec/ports", "value": rendered},
+    ]
+    # A list stoker does not render, or one whose items are all stoker's too, is left to the apply.
+    assert foreign_list_items("Service", live, {"spec": {"selector": {"app": "x"}}}, "stoker") == []
+    both = live_child(spec, ("stoker", theirs), ("kubectl-edit", theirs))
+    assert foreign_list_items("Service", both, desired, "stoker") == []
 
 
 def test_a_claim_keeps_its_binding_and_a_hand_expansion():

@@ -26,6 +26,7 @@ from stoker.controller.ownership import (
     ChildConflict,
     claim_signature,
     foreign_fields,
+    foreign_list_items,
     release,
     signed_for_creation,
     stokers,
@@ -126,6 +127,20 @@ class Actor:
         # The uid read with the owner reference: if the object was replaced since, the API server refuses
         # the apply (uid is immutable) instead of applying to the newcomer.
         child["metadata"]["uid"] = current["metadata"]["uid"]
+        colliding = foreign_list_items(child["kind"], current, child, self.kube.field_manager)
+        if colliding:
+            meta = child["metadata"]
+            uid_test = {"op": "test", "path": "/metadata/uid", "value": meta["uid"]}
+            self.kube.patch_json(
+                child["apiVersion"], child["kind"], meta["namespace"], meta["name"], [uid_test, *colliding]
+            )
+            log.info(
+                "Put back as rendered lists that others added items to %s=%s/%s paths=%s",
+                child["kind"].lower(),
+                meta["namespace"],
+                meta["name"],
+                ",".join(op["path"] for op in colliding if op["op"] == "replace"),
+            )
         written = self.kube.apply(child)
         foreign = foreign_fields(child["kind"], written, self.kube.field_manager)
         if foreign:

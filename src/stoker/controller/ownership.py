@@ -315,6 +315,44 @@ def foreign_fields(kind: str, live: Manifest, manager: str) -> list[Manifest]:
     Call it on the object as stoker's last apply returned it: the apply took back every field stoker
     renders, so what others still own is what stoker does not render. Each removal is preceded by `test`s
     of the keys of every list item on its path, so the patch fails whole if the object moved since."""
+    found = (_resolve(live, path) for path in _foreign_paths(kind, live, manager))
+    resolved = [r for r in found if r is not None]
+    ops: list[Manifest] = []
+    # Deepest and last items first, so that no removal shifts the index of one still to come.
+    for pointer, tests in sorted(resolved, key=lambda r: r[0], reverse=True):
+        ops += [op for op in tests if op not in ops]
+        ops.append({"op": "remove", "path": _pointer(pointer)})
+    return ops
+
+
+def foreign_list_items(kind: str, live: Manifest, desired: Manifest, manager: str) -> list[Manifest]:
+    """A JSON patch, for before the apply, putting back as rendered every list of the spec that holds an
+    item only other managers set, if stoker renders that list. The apply merges list items by key, so an
+    item of theirs stays next to stoker's and may collide with it: a port of the Service changed by hand
+    keeps the name `http` that stoker's re-added port has, and the API server refuses the duplicate. Each
+    replacement `test`s the list as read, so the patch fails whole if the object moved since."""
+    # A list others own whole (stoker's items gone from it), or one with an item of theirs.
+    lists = {
+        path[:-1] if path[-1][:2] in ("k:", "v:") else path: None
+        for path in _foreign_paths(kind, live, manager)
+    }
+    ops: list[Manifest] = []
+    for path in lists:
+        where, rendered = _resolve(live, path), _resolve(desired, path)
+        if where is None or rendered is None or not isinstance(_at(live, where[0]), list):
+            continue
+        pointer, tests = where
+        ops += [op for op in tests if op not in ops]
+        ops += [
+            {"op": "test", "path": _pointer(pointer), "value": _at(live, pointer)},
+            {"op": "replace", "path": _pointer(pointer), "value": _at(desired, rendered[0])},
+        ]
+    return ops
+
+
+def _foreign_paths(kind: str, live: Manifest, manager: str) -> list[tuple[str, ...]]:
+    """fieldsV1 paths of the spec's fields (or the topmost of a subtree) that only managers other than
+    `manager` own, less those that _KEPT_FIELDS leaves to others."""
     kept = _KEPT_FIELDS.get(kind, ())
     ours: set[tuple[str, ...]] = set()
     theirs: list[tuple[str, ...]] = []
@@ -336,13 +374,13 @@ def foreign_fields(kind: str, live: Manifest, manager: str) -> list[Manifest]:
         depth = next((d for d in range(1, len(path) + 1) if path[:d] not in ours), None)
         if depth is not None:
             targets[path[:depth]] = None
-    resolved = [r for r in (_resolve(live, path) for path in targets) if r is not None]
-    ops: list[Manifest] = []
-    # Deepest and last items first, so that no removal shifts the index of one still to come.
-    for pointer, tests in sorted(resolved, key=lambda r: r[0], reverse=True):
-        ops += [op for op in tests if op not in ops]
-        ops.append({"op": "remove", "path": _pointer(pointer)})
-    return ops
+    return list(targets)
+
+
+def _at(obj: Any, pointer: tuple[Any, ...]) -> Any:
+    for part in pointer:
+        obj = obj[part]
+    return obj
 
 
 def _leaf_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> Any:
