@@ -182,6 +182,28 @@ def test_a_list_with_an_item_of_others_is_put_back_as_rendered_before_the_apply(
     assert foreign_list_items("Service", both, desired, "stoker") == []
 
 
+def test_a_list_put_back_takes_the_lists_in_it_along():
+    """A sidecar and an env variable added by hand: the containers are put back whole, and no second
+    replacement of the env (which the first already replaced) makes the patch's `test` fail."""
+    vllm = {"name": "vllm", "image": "i", "env": [{"name": "A", "value": "1"}]}
+    pod = {
+        "containers": [{**vllm, "env": [*vllm["env"], {"name": "HAND"}]}, {"name": "sidecar", "image": "s"}]
+    }
+    ours = template_fields(
+        f"f:spec|f:containers|{VLLM}|f:image", f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"A"}}|.'
+    )
+    theirs = template_fields(
+        f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"HAND"}}|.',
+        'f:spec|f:containers|k:{"name":"sidecar"}|.',
+    )
+    live = live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs))
+    desired = {"spec": {"template": {"spec": {"containers": [vllm]}}}}
+    assert foreign_list_items("Deployment", live, desired, "stoker") == [
+        {"op": "test", "path": "/spec/template/spec/containers", "value": pod["containers"]},
+        {"op": "replace", "path": "/spec/template/spec/containers", "value": [vllm]},
+    ]
+
+
 def test_a_claim_keeps_its_binding_and_a_hand_expansion():
     spec = {"volumeName": "pv-1", "resources": {"requests": {"storage": "64Gi"}}, "accessModes": ["x"]}
     theirs = spec_fields("f:volumeName", "f:resources|f:requests|f:storage")

@@ -336,11 +336,15 @@ def foreign_list_items(kind: str, live: Manifest, desired: Manifest, manager: st
         path[:-1] if path[-1][:2] in ("k:", "v:") else path: None
         for path in _foreign_paths(kind, live, manager)
     }
+    put_back: list[tuple[str, ...]] = []
     ops: list[Manifest] = []
-    for path in lists:
+    for path in sorted(lists, key=len):  # outer lists first: one put back takes the lists in it along
+        if any(path[: len(outer)] == outer for outer in put_back):
+            continue
         where, rendered = _resolve(live, path), _resolve(desired, path)
         if where is None or rendered is None or not isinstance(_at(live, where[0]), list):
             continue
+        put_back.append(path)
         pointer, tests = where
         ops += [op for op in tests if op not in ops]
         ops += [
