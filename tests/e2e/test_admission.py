@@ -135,8 +135,13 @@ def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
     return result.returncode != 0 and POLICY in result.stderr
 
 
+# The CSI driver of the nodePublishSecretRef case, allowed so that the grant of its Secret is what decides
+# (test_hostile_admission.py proves a driver not allowed is refused).
+BASE_VALUES = ("--set", "admission.allowedCsiDrivers={secrets-store.csi.k8s.io}")
+
+
 def install(kubectl, helm: Helm, *values: str) -> None:
-    kubectl("apply", "-f", "-", input=chart_objects(helm, *values))
+    kubectl("apply", "-f", "-", input=chart_objects(helm, *BASE_VALUES, *values))
 
 
 @pytest.fixture(scope="module")

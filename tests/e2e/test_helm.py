@@ -66,6 +66,8 @@ def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
         "liveness.bindAddress=300.1.1.1",
         "admission.validationActions={Deny,Warn}",
         "admission.allowedVolumeTypes={host_path}",
+        "admission.maxVolumeSize=lots",
+        "admission.allowNodePinning=maybe",
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Helm, bad: str) -> None:

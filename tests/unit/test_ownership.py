@@ -5,7 +5,8 @@ from stoker.controller.ownership import (
     conflicts,
     covers,
     created_by_deployment,
-    foreign_template_fields,
+    foreign_fields,
+    foreign_list_items,
     never_shrink,
     owned_by,
     proven_seed,
@@ -74,9 +75,14 @@ def test_a_pvc_is_never_shrunk_below_its_live_size():
 
 def template_fields(*leaves: str) -> dict:
     """A managedFields fieldsV1 tree owning these pod-template paths ('|' between parts)."""
+    return spec_fields(*(f"f:template|{leaf}" for leaf in leaves))
+
+
+def spec_fields(*leaves: str) -> dict:
+    """A managedFields fieldsV1 tree owning these paths under spec ('|' between parts)."""
     tree: dict = {}
     for leaf in leaves:
-        node = tree.setdefault("f:spec", {}).setdefault("f:template", {})
+        node = tree.setdefault("f:spec", {})
         for part in leaf.split("|"):
             node = node.setdefault(part, {})
     return tree
@@ -111,7 +117,9 @@ def test_drift_removes_every_template_field_only_others_set():
         "f:spec|f:hostNetwork",
         "f:spec|f:serviceAccountName",
     )
-    ops = foreign_template_fields(live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
+    ops = foreign_fields(
+        "Deployment", live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs)), "stoker"
+    )
     base = "/spec/template/spec"
     assert [op["path"] for op in ops if op["op"] == "remove"] == [
         f"{base}/serviceAccountName",
@@ -130,7 +138,77 @@ def test_a_field_both_set_and_a_rollout_restart_stay():
     restart = template_fields("f:metadata|f:annotations|f:kubectl.kubernetes.io/restartedAt")
     live = live_deployment(pod, ("stoker", both), ("kubectl", both), ("kubectl-rollout", restart))
     live["spec"]["template"]["metadata"] = {"annotations": {"kubectl.kubernetes.io/restartedAt": "t"}}
-    assert foreign_template_fields(live, "stoker") == []
+    assert foreign_fields("Deployment", live, "stoker") == []
+
+
+def live_child(spec: dict, *managers: tuple[str, dict]) -> dict:
+    entries = [{"manager": m, "operation": "Update", "fieldsV1": f} for m, f in managers]
+    return {"metadata": {"managedFields": entries}, "spec": spec}
+
+
+def test_a_service_is_compared_whole_but_keeps_what_the_server_allocates():
+    spec = {
+        "selector": {"app": "x", "hand": "added"},
+        "ports": [{"port": 8000, "protocol": "TCP"}, {"port": 9000, "protocol": "TCP"}],
+        "clusterIP": "10.0.0.1",
+        "sessionAffinity": "None",  # defaulted: no manager, stays
+    }
+    ours = spec_fields("f:selector|f:app", 'f:ports|k:{"port":8000,"protocol":"TCP"}|.')
+    theirs = spec_fields(
+        "f:selector|f:hand", 'f:ports|k:{"port":9000,"protocol":"TCP"}|.', "f:clusterIP", "f:type"
+    )
+    ops = foreign_fields("Service", live_child(spec, ("stoker", ours), ("kubectl-edit", theirs)), "stoker")
+    assert [op["path"] for op in ops if op["op"] == "remove"] == ["/spec/selector/hand", "/spec/ports/1"]
+    assert {"op": "test", "path": "/spec/ports/1/port", "value": 9000} in ops
+
+
+def test_a_list_with_an_item_of_others_is_put_back_as_rendered_before_the_apply():
+    """A port changed by hand is an item of another key that keeps the name `http`: merged with stoker's
+    re-added port by the apply, the two would collide, so the list is replaced first."""
+    rendered = [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    edited = [{"name": "http", "port": 9000, "targetPort": "http", "protocol": "TCP"}]
+    spec = {"selector": {"app": "x"}, "ports": edited, "clusterIP": "10.0.0.1"}
+    ours = spec_fields("f:selector|f:app", "f:type")
+    theirs = spec_fields('f:ports|k:{"port":9000,"protocol":"TCP"}|f:name', "f:clusterIP")
+    live = live_child(spec, ("stoker", ours), ("kubectl-edit", theirs))
+    desired = {"spec": {"type": "ClusterIP", "selector": {"app": "x"}, "ports": rendered}}
+    assert foreign_list_items("Service", live, desired, "stoker") == [
+        {"op": "test", "path": "/spec/ports", "value": edited},
+        {"op": "replace", "path": "/spec/ports", "value": rendered},
+    ]
+    # A list stoker does not render, or one whose items are all stoker's too, is left to the apply.
+    assert foreign_list_items("Service", live, {"spec": {"selector": {"app": "x"}}}, "stoker") == []
+    both = live_child(spec, ("stoker", theirs), ("kubectl-edit", theirs))
+    assert foreign_list_items("Service", both, desired, "stoker") == []
+
+
+def test_a_list_put_back_takes_the_lists_in_it_along():
+    """A sidecar and an env variable added by hand: the containers are put back whole, and no second
+    replacement of the env (which the first already replaced) makes the patch's `test` fail."""
+    vllm = {"name": "vllm", "image": "i", "env": [{"name": "A", "value": "1"}]}
+    pod = {
+        "containers": [{**vllm, "env": [*vllm["env"], {"name": "HAND"}]}, {"name": "sidecar", "image": "s"}]
+    }
+    ours = template_fields(
+        f"f:spec|f:containers|{VLLM}|f:image", f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"A"}}|.'
+    )
+    theirs = template_fields(
+        f'f:spec|f:containers|{VLLM}|f:env|k:{{"name":"HAND"}}|.',
+        'f:spec|f:containers|k:{"name":"sidecar"}|.',
+    )
+    live = live_deployment(pod, ("stoker", ours), ("kubectl-edit", theirs))
+    desired = {"spec": {"template": {"spec": {"containers": [vllm]}}}}
+    assert foreign_list_items("Deployment", live, desired, "stoker") == [
+        {"op": "test", "path": "/spec/template/spec/containers", "value": pod["containers"]},
+        {"op": "replace", "path": "/spec/template/spec/containers", "value": [vllm]},
+    ]
+
+
+def test_a_claim_keeps_its_binding_and_a_hand_expansion():
+    spec = {"volumeName": "pv-1", "resources": {"requests": {"storage": "64Gi"}}, "accessModes": ["x"]}
+    theirs = spec_fields("f:volumeName", "f:resources|f:requests|f:storage")
+    live = live_child(spec, ("stoker", spec_fields("f:accessModes")), ("kube-controller-manager", theirs))
+    assert foreign_fields("PersistentVolumeClaim", live, "stoker") == []
 
 
 def test_the_live_object_covers_what_is_rendered_despite_defaults_and_quantity_spellings():

@@ -1,8 +1,8 @@
 """Decide: from one observed snapshot of a VLLMService and its children to what should be written.
 
 Pure: no API calls, no clocks but the `now` in the snapshot. `decide_children` says which children to
-create or apply (only those whose live object lacks something stoker renders, or whose pod template
-carries fields only others set), which to delete, what the cache status becomes and which Events to post;
+create or apply (only those whose live object lacks something stoker renders, or whose spec carries
+fields only others set), which to delete, what the cache status becomes and which Events to post;
 `decide_status` turns the outcome of those writes into the status and its conditions.
 """
 
@@ -36,7 +36,7 @@ from stoker.controller.ownership import (
     claim_signature,
     conflicts,
     covers,
-    foreign_template_fields,
+    foreign_fields,
     never_shrink,
     owned_by,
     proven_seed,
@@ -364,11 +364,9 @@ def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
 
 
 def _as_rendered(snap: Snapshot, desired: Manifest, live: Manifest) -> bool:
-    """Whether the live child has everything stoker renders, and (a Deployment) nothing in its pod
-    template that only others set."""
-    if not covers(live, desired):
-        return False
-    return desired["kind"] != "Deployment" or not foreign_template_fields(live, snap.field_manager)
+    """Whether the live child has everything stoker renders, and nothing in its spec that only others
+    set: every kind compared whole, as the pod template is."""
+    return covers(live, desired) and not foreign_fields(desired["kind"], live, snap.field_manager)
 
 
 def _facts_of_key(status: Manifest, short_key: str) -> str | None:

@@ -126,6 +126,7 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "daemonsets", labels=MANAGED, id="child")
+    @kopf.on.event("v1", "services", labels=MANAGED, id="child")
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_ready, id="child")
     async def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)

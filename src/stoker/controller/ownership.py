@@ -250,7 +250,7 @@ def never_shrink(desired: Manifest, live: Manifest) -> Manifest:
 def covers(live: Any, desired: Any) -> bool:
     """Whether the live object already has every field stoker renders, with the same value: then applying
     would change nothing that stoker owns. Fields the server defaulted or others added are ignored here
-    (`foreign_template_fields` removes those others added to the pod template). Quantities compare by
+    (`foreign_fields` removes what others added to a child's spec). Quantities compare by
     value, as the server may print `1000m` as `1`."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
@@ -272,49 +272,119 @@ def covers(live: Any, desired: Any) -> bool:
     return False
 
 
-# Pod-template fields that another manager may keep: `kubectl rollout restart` stamps this annotation, and
-# removing it would roll the pods out once more.
-_KEPT_TEMPLATE_FIELDS = (("f:metadata", "f:annotations", "f:kubectl.kubernetes.io/restartedAt"),)
-_TEMPLATE = ("f:spec", "f:template")
+# What drift correction compares whole on every child: its spec. Under it, the fields another manager may
+# keep: the API server allocates a Service's cluster IPs and families (immutable once set), the volume
+# binder sets a claim's volumeName, a user may expand a claim (never_shrink), and `kubectl rollout restart`
+# stamps an annotation whose removal would roll the pods out once more. Everything else under spec that
+# only others set (a selector key, a port, a sidecar added by hand) is removed.
+_COMPARED = "f:spec"
+_TEMPLATE_RESTART = (
+    "f:spec",
+    "f:template",
+    "f:metadata",
+    "f:annotations",
+    "f:kubectl.kubernetes.io/restartedAt",
+)
+_KEPT_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "Deployment": (_TEMPLATE_RESTART,),
+    "DaemonSet": (_TEMPLATE_RESTART,),
+    "Service": tuple(
+        ("f:spec", field)
+        for field in (
+            "f:clusterIP",
+            "f:clusterIPs",
+            "f:ipFamilies",
+            "f:ipFamilyPolicy",
+            "f:healthCheckNodePort",
+        )
+    ),
+    "PersistentVolumeClaim": (
+        ("f:spec", "f:volumeName"),
+        ("f:spec", "f:resources", "f:requests", "f:storage"),
+    ),
+}
 
 
-def foreign_template_fields(live: Manifest, manager: str) -> list[Manifest]:
-    """A JSON patch removing from a live Deployment's pod template every field that only other field
-    managers own: a hand-added sidecar, env variable or volume, `hostNetwork: true`, another
-    `serviceAccountName`. managedFields say who set what; what the server defaulted has no manager and
-    stays, and a field stoker owns too (the same value applied by both) stays.
+def foreign_fields(kind: str, live: Manifest, manager: str) -> list[Manifest]:
+    """A JSON patch removing from a live child's spec every field that only other field managers own: a
+    selector key or port added to the Service by hand, a sidecar, env variable or volume, `hostNetwork:
+    true` or another `serviceAccountName` in a pod template. managedFields say who set what; what the
+    server defaulted or allocated has no manager and stays, and a field stoker owns too (the same value
+    applied by both) stays.
 
     Call it on the object as stoker's last apply returned it: the apply took back every field stoker
     renders, so what others still own is what stoker does not render. Each removal is preceded by `test`s
-    of the keys of every list item on its path, so the patch fails whole if the template moved since."""
+    of the keys of every list item on its path, so the patch fails whole if the object moved since."""
+    found = (_resolve(live, path) for path in _foreign_paths(kind, live, manager))
+    resolved = [r for r in found if r is not None]
+    ops: list[Manifest] = []
+    # Deepest and last items first, so that no removal shifts the index of one still to come.
+    for pointer, tests in sorted(resolved, key=lambda r: r[0], reverse=True):
+        ops += [op for op in tests if op not in ops]
+        ops.append({"op": "remove", "path": _pointer(pointer)})
+    return ops
+
+
+def foreign_list_items(kind: str, live: Manifest, desired: Manifest, manager: str) -> list[Manifest]:
+    """A JSON patch, for before the apply, putting back as rendered every list of the spec that holds an
+    item only other managers set, if stoker renders that list. The apply merges list items by key, so an
+    item of theirs stays next to stoker's and may collide with it: a port of the Service changed by hand
+    keeps the name `http` that stoker's re-added port has, and the API server refuses the duplicate. Each
+    replacement `test`s the list as read, so the patch fails whole if the object moved since."""
+    # A list others own whole (stoker's items gone from it), or one with an item of theirs.
+    lists = {
+        path[:-1] if path[-1][:2] in ("k:", "v:") else path: None
+        for path in _foreign_paths(kind, live, manager)
+    }
+    put_back: list[tuple[str, ...]] = []
+    ops: list[Manifest] = []
+    for path in sorted(lists, key=len):  # outer lists first: one put back takes the lists in it along
+        if any(path[: len(outer)] == outer for outer in put_back):
+            continue
+        where, rendered = _resolve(live, path), _resolve(desired, path)
+        if where is None or rendered is None or not isinstance(_at(live, where[0]), list):
+            continue
+        put_back.append(path)
+        pointer, tests = where
+        ops += [op for op in tests if op not in ops]
+        ops += [
+            {"op": "test", "path": _pointer(pointer), "value": _at(live, pointer)},
+            {"op": "replace", "path": _pointer(pointer), "value": _at(desired, rendered[0])},
+        ]
+    return ops
+
+
+def _foreign_paths(kind: str, live: Manifest, manager: str) -> list[tuple[str, ...]]:
+    """fieldsV1 paths of the spec's fields (or the topmost of a subtree) that only managers other than
+    `manager` own, less those that _KEPT_FIELDS leaves to others."""
+    kept = _KEPT_FIELDS.get(kind, ())
     ours: set[tuple[str, ...]] = set()
     theirs: list[tuple[str, ...]] = []
     for entry in live["metadata"].get("managedFields") or []:
         if entry.get("subresource"):
             continue
-        template = _dig(entry.get("fieldsV1") or {}, _TEMPLATE)
-        if not isinstance(template, dict):
+        spec = (entry.get("fieldsV1") or {}).get(_COMPARED)
+        if not isinstance(spec, dict):
             continue
-        leaves = list(_leaf_paths(template, ()))
+        leaves = [(_COMPARED, *path) for path in _leaf_paths(spec, ())]
         if entry.get("manager") == manager:
             ours.update(path[:depth] for path in leaves for depth in range(1, len(path) + 1))
         else:
             theirs += leaves
     targets: dict[tuple[str, ...], None] = {}
     for path in theirs:
-        if any(path[: len(kept)] == kept for kept in _KEPT_TEMPLATE_FIELDS):
+        if any(path[: len(field)] == field for field in kept):
             continue
         depth = next((d for d in range(1, len(path) + 1) if path[:d] not in ours), None)
         if depth is not None:
             targets[path[:depth]] = None
-    template_object = _dig(live, ("spec", "template"))
-    resolved = [r for r in (_resolve(template_object, path) for path in targets) if r is not None]
-    ops: list[Manifest] = []
-    # Deepest and last items first, so that no removal shifts the index of one still to come.
-    for pointer, tests in sorted(resolved, key=lambda r: r[0], reverse=True):
-        ops += [op for op in tests if op not in ops]
-        ops.append({"op": "remove", "path": "/spec/template" + "".join(f"/{_escape(p)}" for p in pointer)})
-    return ops
+    return list(targets)
+
+
+def _at(obj: Any, pointer: tuple[Any, ...]) -> Any:
+    for part in pointer:
+        obj = obj[part]
+    return obj
 
 
 def _leaf_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> Any:
@@ -328,8 +398,8 @@ def _leaf_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> Any:
 
 
 def _resolve(obj: Any, path: tuple[str, ...]) -> tuple[tuple[Any, ...], list[Manifest]] | None:
-    """The JSON pointer parts of a fieldsV1 path in `obj` (under the pod template) and `test`s of the keys
-    of each list item on the way; None if the path is no longer there."""
+    """The JSON pointer parts of a fieldsV1 path in `obj` and `test`s of the keys of each list item on the
+    way; None if the path is no longer there."""
     pointer: list[Any] = []
     tests: list[Manifest] = []
     for token in path:
@@ -345,7 +415,7 @@ def _resolve(obj: Any, path: tuple[str, ...]) -> tuple[tuple[Any, ...], list[Man
             if index is None:
                 return None
             pointer.append(index)
-            where = "/spec/template" + "".join(f"/{_escape(p)}" for p in pointer)
+            where = _pointer(pointer)
             tests += [{"op": "test", "path": f"{where}/{_escape(k)}", "value": v} for k, v in keys.items()]
             obj = obj[index]
         elif kind == "v" and isinstance(obj, list) and json.loads(value) in obj:
@@ -354,6 +424,10 @@ def _resolve(obj: Any, path: tuple[str, ...]) -> tuple[tuple[Any, ...], list[Man
         else:
             return None
     return tuple(pointer), tests
+
+
+def _pointer(parts: tuple[Any, ...] | list[Any]) -> str:
+    return "".join(f"/{_escape(p)}" for p in parts)
 
 
 def _escape(part: Any) -> str:
