@@ -69,7 +69,7 @@ def write_compatibility(document: dict[str, Any]) -> None:
                 f"{'yes' if run['cacheLoadFailed'] else 'no'} |"
             )
     lines.append(
-        "\nWhere the engine loads vLLM's mega AOT artifact (its default from 0.27) the seed starts"
+        "\nWhere the engine loads vLLM's mega AOT artifact (stoker's default on 0.26, vLLM's from 0.27) the seed starts"
         " twice (`--start-again`): its wall seconds are both starts, the server line and stoker's reading"
         " its first, as the operator records a seed."
     )
