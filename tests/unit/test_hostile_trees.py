@@ -43,13 +43,15 @@ READ_AHEAD_SERVER_START_SECONDS = 5
 # machine's load), before it reads anything of the model's tree.
 SEED_SERVER_START_SECONDS = 30
 
-# A stand-in for vLLM's console script (of this interpreter, as pip writes it): notes when it started, then
-# exits, or with STOKER_TEST_SERVE answers /health and a completion on vLLM's port until SIGTERM.
+# A stand-in for vLLM's console script (of this interpreter, as pip writes it): notes when it first started
+# (a seed that loads the mega AOT artifact starts it twice), then exits, or with STOKER_TEST_SERVE answers
+# /health and a completion on vLLM's port until SIGTERM.
 STAND_IN = """#!{python}
 import http.server, os, signal, sys, time
 
-with open(os.environ["STOKER_TEST_STARTED"], "w") as note:
-    note.write(repr(time.time()))
+if not os.path.exists(os.environ["STOKER_TEST_STARTED"]):
+    with open(os.environ["STOKER_TEST_STARTED"], "w") as note:
+        note.write(repr(time.time()))
 if os.environ.get("STOKER_TEST_SERVE"):
 
     class Server(http.server.BaseHTTPRequestHandler):
