@@ -32,7 +32,13 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
 from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
-from stoker.inpod.facts import FACTS_LOG_PREFIX, IMPORT_PAGES_KEY, MAX_FACTS_LINE_LENGTH, read_model_facts
+from stoker.inpod.facts import (
+    FACTS_LOG_PREFIX,
+    IMPORT_PAGES_KEY,
+    MAX_FACTS_LINE_LENGTH,
+    impossible_facts,
+    read_model_facts,
+)
 from stoker.inpod.host import HOST_FACTS_KEY, measure_host
 from stoker.inpod.pagecache import SkipLines, evict_pages, files_under, resident_pages, server_has_child
 
@@ -84,8 +90,9 @@ def model_facts_line(
     argv: list[str], skipped: Callable[[str, str], None], import_pages_bytes: int | None = None
 ) -> str | None:
     """The facts line of the model the server serves, with the host's facts and the size of the import
-    pages recorded; a line that says why there are none; or None where there is no local model to read (a
-    streamer URI)."""
+    pages recorded; a line that says why there are none (facts outside their physical ranges among the
+    reasons: the operator would refuse them); or None where there is no local model to read (a streamer
+    URI)."""
     try:
         model_dir = local_model_dir(argv)
         if not model_dir:
@@ -97,6 +104,9 @@ def model_facts_line(
         document = json.dumps(facts, sort_keys=True)
     except Exception as error:
         return f"{LINE_PREFIX}no model facts ({error!r:.300})"
+    impossible = impossible_facts(facts)
+    if impossible:
+        return f"{LINE_PREFIX}no model facts (impossible: {'; '.join(impossible)})"[:MAX_FACTS_LINE_LENGTH]
     if len(document) > MAX_FACTS_LINE_LENGTH:
         why = f"their line would hold {len(document)} characters, over {MAX_FACTS_LINE_LENGTH}"
         return f"{LINE_PREFIX}no model facts ({why})"
