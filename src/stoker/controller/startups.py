@@ -35,6 +35,7 @@ from stoker.controller.coefficients import CoefficientStore, RecordOutcome
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import (
+    facts_json,
     job_outcome,
     main_container_status,
     merge_patch,
@@ -138,15 +139,23 @@ class StartupRecorder:
         self._guard = threading.Lock()
         # (generation, seeded cache key) of each object as the reconcile last saw it.
         self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
-        # (pod uid, restarts) of each unreadable log -> (failed reads, when to read it again).
         # (pod uid, restarts) -> failed reads in a row, and when to read again (None: given up)
         self._log_retry: dict[tuple[str, int], tuple[int, float | None]] = {}
+        # The model facts this process read from each object's seed log: (object uid, short cache key,
+        # facts as JSON). The reconcile signs them onto the cache claim from here, never from status.
+        self._seed_facts: dict[ObjectKey, tuple[str, str, str]] = {}
 
     def start(self) -> None:
         self.queue.start()
 
     def stop(self) -> None:
         self.queue.stop()
+
+    def seed_facts(self, key: ObjectKey, uid: str, short_key: str) -> str | None:
+        """The model facts (JSON) this recorder read from the seed of this object (uid) and cache key."""
+        with self._guard:
+            found = self._seed_facts.get(key)
+        return found[2] if found is not None and found[:2] == (uid, short_key) else None
 
     def follow(self, key: ObjectKey, generation: int, seeded_key: str | None) -> None:
         """The reconcile's view of an object: a prediction depends on its spec and on whether its cache
@@ -165,6 +174,7 @@ class StartupRecorder:
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._guard:
                 self._followed.pop(key, None)
+                self._seed_facts.pop(key, None)
             metrics.forget_service(namespace, name)
             return GONE
         try:
@@ -412,6 +422,12 @@ class StartupRecorder:
                 )
                 startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
                 startup["modelCacheKey"] = start.record["cacheKey"]
+                with self._guard:
+                    self._seed_facts[(meta["namespace"], meta["name"])] = (
+                        meta["uid"],
+                        start.record["cacheKey"],
+                        facts_json(startup["model"]),
+                    )
         facts = _checked_facts(startup)
         # Facts hold for starts of the key whose seed read them: another key may be another model.
         current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None

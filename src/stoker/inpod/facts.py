@@ -50,8 +50,13 @@ MODEL_FACT_BOUNDS = {
 def impossible_facts(facts: dict) -> list[str]:
     """What in `facts` lies outside its physical range (MODEL_FACT_BOUNDS), one phrase each; empty if
     nothing does."""
+
+    def shown(value: int) -> str:
+        digits = str(value)
+        return digits if len(digits) <= 40 else f"{digits[:12]}... ({len(digits)} digits)"
+
     return [
-        f"{name} {facts[name]} is outside 0..{bound}"
+        f"{name} {shown(facts[name])} is outside 0..{bound}"
         for name, bound in MODEL_FACT_BOUNDS.items()
         if isinstance(facts.get(name), int) and not 0 <= facts[name] <= bound
     ]
