@@ -5,11 +5,14 @@ and 6). Decisions come from what the operator signed on the claim or observed it
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 from stoker.api import VLLMService
 from stoker.controller.decide import Outcome, decide_children, decide_status, trusted_body
 from stoker.controller.objects import facts_json
 from stoker.controller.ownership import proven_seed
+from stoker.inpod import seed
 from stoker.render import cache_key, short_cache_key
 from tests.unit.test_decide import KEY, NOW, QWEN_FACTS, body, converged, seeded_claim, snapshot
 
@@ -112,3 +115,28 @@ def test_a_claim_taken_over_with_reuse_retained_changes_owner_and_is_seeded_agai
     seed = next(w.desired for w in plan.writes if w.desired["kind"] == "Job")
     args = seed["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--empty" in args  # what the previous owner's pods wrote is removed before this seed writes
+
+
+def test_the_seed_empties_a_volume_another_owner_filled_without_following_its_links(tmp_path: Path):
+    """What another owner's pods left on the volume: links out of it (to a directory and a file that must
+    survive), a dangling link, a FIFO, a tree 200 directories deep."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.py").write_text("kept")
+    volume = tmp_path / "volume"
+    deep = volume / "inductor" / "/".join(["d"] * 200)
+    deep.mkdir(parents=True)
+    (deep / "payload.py").write_text("import os")
+    (volume / "triton-link").symlink_to(outside, target_is_directory=True)
+    (volume / "file-link").symlink_to(outside / "keep.py")
+    (volume / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(volume / "fifo")
+    seed.empty_directory(str(volume))
+    assert list(volume.iterdir()) == []
+    assert (outside / "keep.py").read_text() == "kept"
+
+
+def test_a_seed_that_cannot_empty_the_volume_does_not_seed(tmp_path: Path, capsys) -> None:
+    code = seed.main(["--pages", str(tmp_path / "pages"), "--empty", str(tmp_path / "missing"), "--", "true"])
+    assert code == 1
+    assert "stoker-seed: cannot empty the cache volume" in capsys.readouterr().out
