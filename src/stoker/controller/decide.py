@@ -171,10 +171,6 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     events: list[Event] = []
     proven = proven_seed(claim, snap.signing_key, uid) if claim_is_ours else None
     seeded_record = proven if seeding and proven is not None and proven.key == key else None
-    if claim_uid is not None and previous.get("claimUid") not in (None, claim_uid) and seeded_record is None:
-        events.append(
-            Event("CacheClaimReplaced", f"PVC {claim_name} was re-created empty; seeding it again", True)
-        )
     if seeded_record is not None and previous.get("seededKey") != key:
         # A kept cache (this VLLMService's before an edit and back, or one it took over and reseeded) that
         # the operator's signature proves it seeded for this key: no seed Job.
@@ -190,17 +186,25 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     )
     deletions: list[Manifest] = []
     seed_job_leaving = False
-    if seed_job is not None and not in_the_way:
-        filled = (seed_job["metadata"].get("annotations") or {}).get(SEED_CLAIM_UID_ANNOTATION)
-        if filled and claim_uid and filled != claim_uid and seeded_record is None:
+    # The claim a seed Job filled (none on the first one, created with its claim): its success counts only
+    # for that claim, and only while the claim is there.
+    filled = ((seed_job or {}).get("metadata", {}).get("annotations") or {}).get(SEED_CLAIM_UID_ANNOTATION)
+    if seed_job is not None and not in_the_way and seeded_record is None:
+        if filled and claim_uid and filled != claim_uid:
             # It filled a claim that is gone: run it again for the new one, once this one is deleted.
             deletions.append(seed_job)
             seed_job_leaving = True
+        replaced = claim_uid is not None and previous.get("claimUid") not in (None, claim_uid)
+        if seed_job_leaving or replaced:
+            events.append(
+                Event("CacheClaimReplaced", f"PVC {claim_name} was re-created empty; seeding it again", True)
+            )
     if not seed_needed or in_the_way or seed_job_leaving:
         seed_job = None  # a Job stoker did not create tells nothing about the cache
     seed_outcome = job_outcome(seed_job)
     facts = _facts_of_key(status, short_key)  # the operator's own (Reconciler.trusted_body), not a tenant's
-    if seed_outcome == "succeeded" and seeded_record is None:
+    fills_this_claim = claim_uid is not None and filled in (None, claim_uid)
+    if seed_outcome == "succeeded" and seeded_record is None and fills_this_claim:
         at = (seed_job or {}).get("status", {}).get("completionTime") or snap.now
         seeded_record = SeededClaim(key, at, facts)
         if previous.get("seededKey") != key:
