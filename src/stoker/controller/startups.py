@@ -3,8 +3,10 @@ coefficients learned from it, on a work queue of its own.
 
 Reading logs, pod events and nodes is slow and can fail; none of it runs in the VLLMService's reconcile, so
 a slow log read delays only other log reads, never a child's write. The recorder writes `status.startup`
-(a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded, the last
-start's compile cache and the model facts, and writes there only the facts a reused cache claim brings.
+(a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded and the last
+start's compile cache. The model facts a seed printed reach the reconcile from this recorder's memory
+(`seed_facts`), never from status, which a user with /status rights can write: the reconcile signs them on
+the cache claim and rewrites status.startup.model from there on every pass.
 The object, its pods, Jobs and Deployments come from the reconcile's watch cache (each status write goes
 in at once); the API server is asked for logs, pod events and nodes.
 
@@ -186,7 +188,11 @@ class StartupRecorder:
         uid = body["metadata"]["uid"]
         key_now, short_key = cache_key(svc), short_cache_key(svc)
         seeding = seed_wanted(svc)
-        seeded = seeding and (status.get("cache") or {}).get("seededKey") == key_now
+        # Whether the cache is seeded for this key as the reconcile decided it (`follow`), not as status says:
+        # a user with /status rights writes status.
+        with self._guard:
+            followed = self._followed.get(key)
+        seeded = seeding and followed is not None and followed[1] == key_now
         seed_job = None
         if seeding and not (seeded and (before.get("seed") or {}).get("cacheKey") == short_key):
             job = self.cache.get("Job", namespace, seed_job_name(svc.name, short_key))
