@@ -3,6 +3,8 @@ lists (tests/conformance/test_serve_options.py checks those lists and this readi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -16,6 +18,7 @@ from stoker.engines.serve_options import (
     parse_options,
     stored_options,
 )
+from stoker.render.cli import main as render_main
 
 
 @pytest.mark.parametrize(
@@ -44,7 +47,11 @@ def test_what_vllm_accepts_passes(args: list[str]) -> None:
     [
         (["--max-batch-size", "8"], 0, "--max-batch-size is not an option of `vllm serve` in vLLM 0.26.0"),
         (["--seed", "1", "--max_batch_size=8"], 2, "--max_batch_size is not an option"),
-        (["--max", "8"], 0, "--max is ambiguous in vLLM 0.26.0: it abbreviates --max-log-len, --max-model-len"),
+        (
+            ["--max", "8"],
+            0,
+            "--max is ambiguous in vLLM 0.26.0: it abbreviates --max-log-len, --max-model-len",
+        ),
         (["--enable-prefix-caching=true"], 0, "--enable-prefix-caching takes no value"),
         (["--enable-prefix-caching", "yes"], 1, "'yes' is neither an option nor a value"),
         (["--seed", "1", "--max-num-seqs"], 2, "--max-num-seqs expects a value"),
@@ -100,3 +107,13 @@ def test_the_api_names_the_field_and_the_flag() -> None:
     assert user_message(refused.value) == (
         "spec.runtime.extraArgs[2]: --max-batch-size is not an option of `vllm serve` in vLLM 0.26.0"
     )
+
+
+def test_stoker_render_refuses_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "svc.yaml"
+    manifest.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: x}\n"
+        "spec: {model: {name: Qwen/Qwen2.5-0.5B-Instruct}, runtime: {extraArgs: [--max-batch-size, '8']}}\n"
+    )
+    assert render_main([str(manifest)]) == 1
+    assert "spec.runtime.extraArgs[0]: --max-batch-size is not an option" in capsys.readouterr().err

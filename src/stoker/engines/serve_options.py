@@ -19,12 +19,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 OPTIONS_FILE = Path(__file__).with_name("serve_options.txt")
 _HEADER = (
     "# Every option of `vllm serve`, one line per option: RELEASES NARGS OPTION-STRINGS...\n"
-    "# RELEASES: releases and ranges (A-B: each release below from A to B); NARGS: argparse's (1: one value).\n"
+    "# RELEASES: releases and ranges (A-B: each release listed from A to B); NARGS: argparse's (1: one).\n"
     "# Written by `python -m bench.conformance.serve_options` from each release's own parser; do not edit.\n"
 )
 _RELEASES_LINE = "releases"
@@ -40,7 +39,8 @@ class ServeOption:
     nargs: str  # argparse's nargs: "0" (a switch), "1", "?", "*", "+", or another count
 
 
-class ArgProblem(NamedTuple):
+@dataclass(frozen=True)
+class ArgProblem:
     index: int  # of the argument in extraArgs
     message: str
 
@@ -152,7 +152,9 @@ def _matches(arg: str, strings: Mapping[str, ServeOption]) -> list[tuple[str, bo
     return found
 
 
-def _resolve(arg: str, strings: Mapping[str, ServeOption], version: str) -> tuple[ServeOption, bool] | str | None:
+def _resolve(
+    arg: str, strings: Mapping[str, ServeOption], version: str
+) -> tuple[ServeOption, bool] | str | None:
     """The option `arg` names and whether a value is glued on; None for a value; a message if neither."""
     if not arg.startswith("-") or arg == "-":
         return None
@@ -163,11 +165,13 @@ def _resolve(arg: str, strings: Mapping[str, ServeOption], version: str) -> tupl
         return strings[head], True
     matches = _matches(arg, strings)
     if len(matches) == 1:
-        (string, glued), = matches
+        ((string, glued),) = matches
         return strings[string], glued
     if matches:
         names = [string for string, _ in matches]
-        shown = ", ".join(names[:_SHOWN_MATCHES]) + (f" and {len(names) - _SHOWN_MATCHES} more" if len(names) > _SHOWN_MATCHES else "")
+        shown = ", ".join(names[:_SHOWN_MATCHES]) + (
+            f" and {len(names) - _SHOWN_MATCHES} more" if len(names) > _SHOWN_MATCHES else ""
+        )
         return f"is ambiguous in vLLM {version}: it abbreviates {shown}"
     if _NEGATIVE_NUMBER.match(arg) or " " in arg:
         return None
@@ -198,12 +202,14 @@ def check_extra_args(args: Sequence[str], version: str) -> ArgProblem | None:
     resolved = [_resolve(arg, strings, release) for _, arg, _ in rewritten]
     position = 0
     while position < len(rewritten):
-        index, arg, dotted = rewritten[position]
+        index, _, dotted = rewritten[position]
         written = args[index].partition("=")[0]
         outcome = resolved[position]
         position += 1
         if outcome is None:
-            return ArgProblem(index, f"{args[index]!r} is neither an option nor a value of the option before it")
+            return ArgProblem(
+                index, f"{args[index]!r} is neither an option nor a value of the option before it"
+            )
         if isinstance(outcome, str):
             return ArgProblem(index, f"{written} {outcome}")
         option, glued = outcome
