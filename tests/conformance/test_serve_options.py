@@ -4,7 +4,7 @@ against each release's own parser.
 For each release the file stores: its list equals what its parser has, and for every option string, with and
 without a value, glued or not, abbreviated, with `_`, and for stray values, unknown flags and ambiguous
 prefixes, stoker refuses what vLLM refuses for the arguments' shape (unknown, ambiguous, a value missing or
-too many) and accepts what vLLM accepts; a value vLLM refuses for its type or choices is not stoker's to judge.
+too many) and accepts what vLLM accepts; a value's type or choices are vLLM's to judge.
 Environments as in bench/conformance/serve_options.py; without one the release is skipped, and with
 STOKER_REQUIRE_CONFORMANCE=1 (`make conformance-flags`) that fails for a release of versions.py.
 """
