@@ -46,7 +46,8 @@ e2e: venv cluster-build epp-build vllm-venv
 
 # stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
 conformance-flags: venv
-	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py
+	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py \
+		tests/conformance/test_serve_options.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
 test: venv cluster-build epp-build vllm-venv lint

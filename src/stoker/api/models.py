@@ -57,6 +57,7 @@ from stoker.engines import (
     profile_for,
     resolve_engine_version,
 )
+from stoker.engines.serve_options import check_extra_args
 
 GROUP = "stoker.dev"
 VERSION = "v1alpha1"
@@ -505,6 +506,11 @@ class RuntimeSpec(_Model):
             raise FieldError("extraArgs", _NO_OWNED_FLAGS)
         if self.extra_args and not re.match(FIRST_ARG_REGEX, self.extra_args[0]):
             raise FieldError("extraArgs", _FIRST_ARG_IS_FLAG)
+        # The engine version decides which flags exist: a rule the CRD cannot hold, so the operator reports
+        # it (Ready=False, InvalidSpec) before it creates anything, and `stoker render` refuses it.
+        refused = check_extra_args(self.extra_args, self.resolved_engine_version)
+        if refused is not None:
+            raise FieldError(f"extraArgs[{refused.index}]", refused.message)
         names = [env.name for env in self.env]
         if set(names) & set(OWNED_ENV):
             raise FieldError("env", _NO_OWNED_ENV)

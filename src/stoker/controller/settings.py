@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from ipaddress import IPv4Address, IPv6Address
 from typing import Annotated
 
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stoker.render.memory import GIB
@@ -161,3 +164,28 @@ class OperatorSettings(BaseSettings):
     def liveness_endpoint(self) -> str:
         host = self.liveness_bind_address
         return f"http://{f'[{host}]' if isinstance(host, IPv6Address) else host}:{self.liveness_port}/healthz"
+
+
+def _shown_default(setting: FieldInfo) -> str:
+    value = setting.get_default(call_default_factory=True)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return json.dumps(value)
+    return json.dumps(value) if value == "" else str(value)
+
+
+def settings_help() -> str:
+    """Every setting as `stoker run --help` lists it: its variable, default and description (from the model,
+    so that the list cannot fall behind it)."""
+    prefix = OperatorSettings.model_config.get("env_prefix", "")
+    lines = ["settings (environment variables):"]
+    for name, setting in OperatorSettings.model_fields.items():
+        lines.append(f"  {prefix}{name.upper()} (default: {_shown_default(setting)})")
+        if setting.description:
+            lines += textwrap.wrap(
+                setting.description, width=100, initial_indent="      ", subsequent_indent="      "
+            )
+    return "\n".join(lines)
