@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.conformance.versions import CPU_VERSIONS, PARSE_ONLY_VERSIONS, venv_path
+
 from stoker.engines.serve_options import OPTIONS_FILE, ServeOption, format_options
 
 VLLM_CACHE = Path(os.environ.get("STOKER_CACHE") or Path.home() / ".cache" / "stoker") / "vllm"
@@ -58,7 +59,7 @@ def ask_vllm(version: str, request: dict[str, Any]) -> list[Any]:
     """The runner's JSON lines for `request`, from `version`'s own parser; LookupError without one."""
     environment = vllm_environment(version)
     if environment is None:
-        raise LookupError(f"no vLLM environment for {version} under {VLLM_CACHE} (see {__name__}'s docstring)")
+        raise LookupError(f"no vLLM environment for {version} under {VLLM_CACHE} (see {__name__})")
     python, extra_env = environment
     result = subprocess.run(
         [str(python), str(RUNNER)],

@@ -4,7 +4,8 @@ Reads JSON from stdin, {"argvs": [[...], ...], "json_flag_dest": "compilation_co
 and prints one JSON line per argv: null when vLLM refuses it, else the parsed namespace as
 {dest: repr(value)}, with the owned keys of the JSON-valued flag as `<dest>.<key>` entries.
 With {"options": true} instead, it prints every option of `vllm serve` once, one JSON line each:
-{"strings": [...], "takes_value": bool, "nargs": argparse's nargs (null: one value), "choices": [...] or null}.
+{"strings": [...], "takes_value": bool, "nargs": argparse's nargs (null: one value),
+"choices": [...] or null}.
 The parser is built the way `vllm` (vllm/entrypoints/cli/main.py) builds it, from the `serve` subcommand.
 """
 
