@@ -129,32 +129,26 @@ class Actor:
         child["metadata"]["uid"] = current["metadata"]["uid"]
         colliding = foreign_list_items(child["kind"], current, child, self.kube.field_manager)
         if colliding:
-            meta = child["metadata"]
-            uid_test = {"op": "test", "path": "/metadata/uid", "value": meta["uid"]}
-            self.kube.patch_json(
-                child["apiVersion"], child["kind"], meta["namespace"], meta["name"], [uid_test, *colliding]
-            )
-            log.info(
-                "Put back as rendered lists that others added items to %s=%s/%s paths=%s",
-                child["kind"].lower(),
-                meta["namespace"],
-                meta["name"],
-                ",".join(op["path"] for op in colliding if op["op"] == "replace"),
+            uid_test = {"op": "test", "path": "/metadata/uid", "value": child["metadata"]["uid"]}
+            self._patch_logged(
+                child, [uid_test, *colliding], "Put back as rendered lists that others added items to"
             )
         written = self.kube.apply(child)
         foreign = foreign_fields(child["kind"], written, self.kube.field_manager)
         if foreign:
-            meta = child["metadata"]
-            written = self.kube.patch_json(
-                child["apiVersion"], child["kind"], meta["namespace"], meta["name"], foreign
-            )
-            log.info(
-                "Removed from the spec what stoker does not render %s=%s/%s paths=%s",
-                child["kind"].lower(),
-                meta["namespace"],
-                meta["name"],
-                ",".join(op["path"] for op in foreign if op["op"] == "remove"),
-            )
+            written = self._patch_logged(child, foreign, "Removed from the spec what stoker does not render")
+        return written
+
+    def _patch_logged(self, child: Manifest, ops: list[Manifest], done: str) -> Manifest:
+        """A JSON patch of a child, logged with the paths it changes (its `test`s left out)."""
+        meta = child["metadata"]
+        written = self.kube.patch_json(
+            child["apiVersion"], child["kind"], meta["namespace"], meta["name"], ops
+        )
+        changed = ",".join(op["path"] for op in ops if op["op"] != "test")
+        log.info(
+            "%s %s=%s/%s paths=%s", done, child["kind"].lower(), meta["namespace"], meta["name"], changed
+        )
         return written
 
     def _taken_since(self, child: Manifest, body: Manifest, error: ApiException) -> Manifest:
