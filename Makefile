@@ -37,6 +37,9 @@ lint: venv
 	$(BIN)/ruff format --check src tests bench hack
 	$(BIN)/mypy
 	hack/dashboard-lint
+	@# pytest imports test files by basename (rootdir mode): two of one name stop collection.
+	@dups=$$(find tests -name 'test_*.py' -printf '%f\n' | sort | uniq -d); \
+		if [ -n "$$dups" ]; then echo "test files share a name: $$dups"; exit 1; fi
 
 unit: venv
 	$(BIN)/pytest tests/unit
