@@ -82,11 +82,15 @@ def rendered_argv(kind: str) -> list[str]:
 
 def local_argv(kind: str, model: Path | str, listing: Path) -> list[str]:
     """The rendered argv with the local swaps only: this interpreter for python3, the tree's model path for
-    the rendered one, and its page listing for the cache volume's."""
+    the rendered one, and its page listing and the directory beside it for the cache volume's."""
     argv = rendered_argv(kind)
     rendered_model = argv[argv.index("serve") + 1]
     argv = [str(model) if arg == rendered_model else arg for arg in argv]
     argv[argv.index("--pages") + 1] = str(listing)
+    if "--empty" in argv:
+        volume = listing.parent / "cache-volume"
+        volume.mkdir(exist_ok=True)
+        argv[argv.index("--empty") + 1] = str(volume)
     assert argv[:2] == ["python3", "-m"]
     return [sys.executable, *argv[1:]]
 
@@ -536,12 +540,13 @@ def a_dtype_that_is_an_object(tmp_path: Path) -> Model:
 
 
 def enormous_integers(tmp_path: Path) -> Model:
-    # Ten fields of 4,000 digits each (under Python's 4,300): a line far over what the operator parses.
+    # Fields of 4,000 digits each (under Python's 4,300): no model is that, and the line would be far over
+    # what the operator parses. The seed says which facts are impossible, briefly.
     huge = int("9" * 4000)
     config = {**CONFIG, **{name: huge for name in ("num_hidden_layers", "hidden_size", "vocab_size")}}
     model = seed_model(tmp_path)
     (model / "config.json").write_text(json.dumps(config))
-    return Model(model, no_facts=f"over {MAX_FACTS_LINE_LENGTH}")
+    return Model(model, no_facts="impossible: layers 999999999999... (4000 digits) is outside 0..4096")
 
 
 def deeply_nested_config(tmp_path: Path) -> Model:

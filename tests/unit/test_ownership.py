@@ -1,6 +1,8 @@
 from stoker.controller.ownership import (
     ChildConflict,
+    SeededClaim,
     apply_ownership_patch,
+    cache_owner,
     claim_signature,
     conflicts,
     covers,
@@ -9,10 +11,11 @@ from stoker.controller.ownership import (
     foreign_list_items,
     never_shrink,
     owned_by,
+    owner_signature,
     proven_seed,
     release,
     retained_cache_of,
-    seeded_signature,
+    seeded_annotations,
     signed_for_creation,
     stokers,
 )
@@ -271,33 +274,44 @@ def test_fields_already_applied_or_set_by_others_need_no_patch() -> None:
     assert apply_ownership_patch({"metadata": {}}, "stoker") is None
 
 
-def kept_claim(annotation: str | None, *owners: str, uid: str = "claim-uid", signed: bool = True) -> dict:
+def kept_claim(
+    annotation: str | None,
+    *owners: str,
+    uid: str = "claim-uid",
+    signed: bool = True,
+    owner: str | None = UID,
+) -> dict:
     claim = obj("x-cache", *owners)
     claim["metadata"]["uid"] = uid
     if annotation is not None:
         claim["metadata"]["annotations"] = {"stoker.dev/compile-cache-of": annotation}
         if signed:
-            claim["metadata"]["annotations"]["stoker.dev/claim-signature"] = claim_signature(KEY, claim)
+            annotations = claim["metadata"]["annotations"]
+            annotations["stoker.dev/claim-signature"] = claim_signature(KEY, claim)
+            if owner is not None:
+                annotations["stoker.dev/compile-cache-owner"] = owner
+                signature = owner_signature(KEY, claim, owner)
+                annotations["stoker.dev/compile-cache-owner-signature"] = signature
     return claim
 
 
-def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name_with_the_operators_signature():
-    assert retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", KEY)
+def test_a_retained_cache_is_taken_back_only_by_its_own_service_with_the_operators_signature():
+    assert retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", KEY, UID)
     # A user's own claim, one kept for another VLLMService, or one with any owner is still refused.
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim(None), "x", KEY)
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("y"), "x", KEY)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim(None), "x", KEY, UID)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("y"), "x", KEY, UID)
     assert not retained_cache_of(
-        "PersistentVolumeClaim", kept_claim("x", "another-vllmservice-uid"), "x", KEY
+        "PersistentVolumeClaim", kept_claim("x", "another-vllmservice-uid"), "x", KEY, UID
     )
-    assert not retained_cache_of("Deployment", kept_claim("x"), "x", KEY)
+    assert not retained_cache_of("Deployment", kept_claim("x"), "x", KEY, UID)
     # Planted: stoker's annotations without a signature, a signature copied onto another claim (uid), or
     # one made with another key.
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x", signed=False), "x", KEY)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x", signed=False), "x", KEY, UID)
     copied = kept_claim("x")
     copied["metadata"]["uid"] = "planted-uid"
-    assert not retained_cache_of("PersistentVolumeClaim", copied, "x", KEY)
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", "another-operators-key")
-    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", None)
+    assert not retained_cache_of("PersistentVolumeClaim", copied, "x", KEY, UID)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", "another-operators-key", UID)
+    assert not retained_cache_of("PersistentVolumeClaim", kept_claim("x"), "x", None, UID)
     found = conflicts(
         UID,
         "x",
@@ -305,6 +319,32 @@ def test_a_retained_cache_is_taken_back_only_by_a_service_of_its_name_with_the_o
         KEY,
     )
     assert found == [ChildConflict("PersistentVolumeClaim", "ns", "x-cache")]
+
+
+def test_a_retained_cache_of_a_deleted_service_goes_to_a_new_one_of_its_name_only_if_it_asks():
+    """Hostile: a tenant deletes another's VLLMService and makes one of the same name (another uid). The
+    retained claim is a conflict that says what it is and how to take it, never the new service's."""
+    admins = kept_claim("x", owner="admins-uid")
+    assert not stokers("PersistentVolumeClaim", admins, UID, "x", KEY)
+    (conflict,) = conflicts(UID, "x", [("PersistentVolumeClaim", admins)], KEY)
+    assert conflict.retained and "reuseRetained" in conflict.message and "`use`" in conflict.message
+    # Asked for (admitted only from an author who may `use` the claim): it is taken over.
+    assert stokers("PersistentVolumeClaim", admins, UID, "x", KEY, reuse_retained=True)
+    assert conflicts(UID, "x", [("PersistentVolumeClaim", admins)], KEY, reuse_retained=True) == []
+    # An owner a tenant wrote, or an owner signature copied from another claim, proves nothing.
+    forged = kept_claim("x", owner="admins-uid")
+    forged["metadata"]["annotations"]["stoker.dev/compile-cache-owner"] = UID
+    assert not stokers("PersistentVolumeClaim", forged, UID, "x", KEY)
+    assert cache_owner(forged, KEY) is None
+    copied = kept_claim("x", uid="another-claim", owner=None)
+    copied["metadata"]["annotations"].update(
+        {n: v for n, v in kept_claim("x")["metadata"]["annotations"].items() if "owner" in n}
+    )
+    assert cache_owner(copied, KEY) is None
+    # A claim retained before owners were recorded: only a service that asks takes it.
+    unowned = kept_claim("x", owner=None)
+    assert not stokers("PersistentVolumeClaim", unowned, UID, "x", KEY)
+    assert stokers("PersistentVolumeClaim", unowned, UID, "x", KEY, reuse_retained=True)
 
 
 def test_an_owner_reference_alone_does_not_make_a_claim_stokers():
@@ -319,27 +359,28 @@ def test_an_owner_reference_alone_does_not_make_a_claim_stokers():
     assert stokers("Service", obj("x", UID), UID, "x", KEY)
 
 
-def test_a_seeded_key_counts_only_with_the_operators_signature_over_this_claim():
+def test_a_seeded_key_counts_only_with_the_operators_signature_over_this_claim_and_owner():
     claim = kept_claim("x")
     facts = '{"layers":32}'
+    seeded = SeededClaim("k" * 64, "2026-11-28T06:00:00Z", facts)
     annotations = claim["metadata"]["annotations"]
-    annotations.update(
-        {
-            "stoker.dev/seeded-key": "k" * 64,
-            "stoker.dev/model-facts": facts,
-            "stoker.dev/seeded-signature": seeded_signature(KEY, claim, "k" * 64, facts),
-        }
-    )
-    proven = proven_seed(claim, KEY)
-    assert proven is not None and proven.key == "k" * 64 and proven.facts == facts
-    forged_facts = {**claim, "metadata": {**claim["metadata"], "annotations": dict(annotations)}}
-    forged_facts["metadata"]["annotations"]["stoker.dev/model-facts"] = '{"layers":9223372036854775807}'
-    assert proven_seed(forged_facts, KEY) is None
+    annotations.update(seeded_annotations(KEY, claim, UID, seeded))
+    assert proven_seed(claim, KEY, UID) == seeded
+    for forged_name, forged_value in (
+        ("stoker.dev/model-facts", '{"layers":9223372036854775807}'),
+        ("stoker.dev/seeded-at", "2020-01-01T00:00:00Z"),
+        ("stoker.dev/seeded-key", "f" * 64),
+    ):
+        forged = {**claim, "metadata": {**claim["metadata"], "annotations": dict(annotations)}}
+        forged["metadata"]["annotations"][forged_name] = forged_value
+        assert proven_seed(forged, KEY, UID) is None, forged_name
     other_claim = {**claim, "metadata": {**claim["metadata"], "uid": "planted"}}
-    assert proven_seed(other_claim, KEY) is None
-    assert proven_seed(claim, None) is None
+    assert proven_seed(other_claim, KEY, UID) is None
+    assert proven_seed(claim, None, UID) is None
+    # Seeded for another owner of the claim (before it was taken over): proves nothing for this one.
+    assert proven_seed(claim, KEY, "the-next-owners-uid") is None
     del annotations["stoker.dev/seeded-signature"]
-    assert proven_seed(claim, KEY) is None
+    assert proven_seed(claim, KEY, UID) is None
 
 
 def test_release_removes_only_this_owners_reference_after_testing_it():

@@ -591,9 +591,18 @@ class CompileCacheSpec(_CacheVolumeSpec):
         default="Retain",
         description=(
             "What happens to the cache PVC when the VLLMService is deleted. Retain (the default, as for a"
-            " StatefulSet's volumes): the PVC carries no owner reference and stays, and the next VLLMService"
-            " of the same name in the namespace takes it back and skips the seed if the cache key it"
-            " records matches. Delete: the PVC is garbage-collected with the VLLMService."
+            " StatefulSet's volumes): the PVC carries no owner reference and stays, for this VLLMService"
+            " alone; a later VLLMService of the same name takes it only with reuseRetained. Delete: the PVC"
+            " is garbage-collected with the VLLMService."
+        ),
+    )
+    reuse_retained: bool = Field(
+        default=False,
+        description=(
+            "Take over the compile-cache PVC retained from a deleted VLLMService of this name. Admitted only"
+            " from an author who may `use` that PersistentVolumeClaim (verb use, resource"
+            " persistentvolumeclaims, name <name>-cache). The claim then belongs to this VLLMService and is"
+            " seeded again, emptied first; without it such a claim is a conflict, never mounted."
         ),
     )
 

@@ -28,6 +28,7 @@ from stoker.render import (
     INFERENCE_POOL_API_VERSION,
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_PLURAL,
+    cache_pvc_name,
     deployment_name,
     node_warmer_name,
     render_children,
@@ -181,6 +182,13 @@ class Observer:
         resource in vain, so the pools are not watched (only services that set spec.inferencePool read
         theirs, once per pass). Raises ResourceMissing without the CRD."""
         return self.kube.get_custom(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_PLURAL, namespace, name)
+
+    def compile_cache_claim(self, svc: VLLMService) -> Manifest | None:
+        """The service's compile-cache claim as the watch cache holds it (stoker labels its claims), if
+        the spec keeps one."""
+        if not svc.spec.cold_start.compile_cache.enabled:
+            return None
+        return self.cache.get("PersistentVolumeClaim", str(svc.namespace), cache_pvc_name(svc.name))
 
     def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         """The child from the watch cache; an unlabelled object of its name is read, as it is in the way."""

@@ -22,12 +22,17 @@ API server's creationTimestamp is within CREATION_WINDOW_SECONDS of that time: a
 the create and the uid signature leaves a claim its successor can still prove (and then signs over the uid),
 and a copy of those annotations onto a claim created later proves nothing. A claim a tenant made, with a
 copied owner reference or copied annotations, has another uid and another creation time: a conflict, never
-mounted. One exception, explicit and narrow: a compile-cache PVC kept after its VLLMService was deleted
-(`retentionPolicy: Retain`) has no owner reference by design, so the next VLLMService of the same name takes
-it back when it has no owner references at all, carries the annotation naming that VLLMService
-(`stoker.dev/compile-cache-of`) and the signature. What the cache holds is trusted (the seed skipped) only
-with a second signature over the claim's uid and the seeded key (`stoker.dev/seeded-signature`): Inductor
-and Triton caches are code the pods load.
+mounted. One exception, explicit and narrow:
+a compile-cache PVC kept after its VLLMService was deleted (`retentionPolicy: Retain`) has no owner
+reference by design; it carries the uid of the VLLMService it belongs to, signed with the claim's uid
+(`stoker.dev/compile-cache-owner`). Only that very VLLMService takes it back, or a later one of the same
+name whose spec asks for it (`compileCache.reuseRetained`, which the admission policy admits only from an
+author who may `use` that claim): the claim is then re-signed for its new owner. A VLLMService of the same
+name that did not ask gets a conflict naming the claim and how to take it, never the claim. What the cache
+holds is trusted (the seed skipped) only with a second signature over the claim's uid, its owner, the
+seeded key, when it was seeded and the facts the seed read (`stoker.dev/seeded-signature`): Inductor and
+Triton caches are code the pods load, and a claim that changed owner is seeded again, the seed emptying it
+first.
 """
 
 from __future__ import annotations
@@ -42,10 +47,13 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from stoker.render import (
+    CACHE_OWNER_ANNOTATION,
+    CACHE_OWNER_SIGNATURE_ANNOTATION,
     CLAIM_CREATED_AT_ANNOTATION,
     CLAIM_SIGNATURE_ANNOTATION,
     MODEL_FACTS_ANNOTATION,
     RETAINED_CACHE_ANNOTATION,
+    SEEDED_AT_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
     SEEDED_SIGNATURE_ANNOTATION,
 )
@@ -116,55 +124,101 @@ def signed_claim(claim: Manifest, secret: str | None) -> bool:
     )
 
 
-def retained_cache_of(kind: str, obj: Manifest, service_name: str, secret: str | None) -> bool:
+def owner_signature(secret: str, claim: Manifest, owner_uid: str) -> str:
+    """The operator's HMAC-SHA256 saying that this very claim (namespace and uid) belongs to the
+    VLLMService of uid `owner_uid`."""
+    meta = claim["metadata"]
+    return _hmac(secret, "owner", meta["namespace"], meta["uid"], owner_uid)
+
+
+def cache_owner(claim: Manifest, secret: str | None) -> str | None:
+    """The uid of the VLLMService a compile-cache claim belongs to, if the operator signed it for this
+    claim; None for a claim with no owner recorded, or a record a tenant wrote or copied."""
+    annotations = claim["metadata"].get("annotations") or {}
+    owner = annotations.get(CACHE_OWNER_ANNOTATION)
+    signature = annotations.get(CACHE_OWNER_SIGNATURE_ANNOTATION)
+    if secret is None or not owner or not signature or not claim["metadata"].get("uid"):
+        return None
+    return owner if hmac.compare_digest(signature, owner_signature(secret, claim, owner)) else None
+
+
+def retained_cache_of(
+    kind: str, obj: Manifest, service_name: str, secret: str | None, owner_uid: str | None
+) -> bool:
     """A compile-cache PVC stoker created for a VLLMService of this name and kept after its deletion: no
-    owner, annotated with that name, and signed by the operator for this very claim."""
+    owner reference, annotated with that name, signed by the operator for this very claim and, unless
+    `owner_uid` is None (the service asked to reuse whatever cache of its name was retained), belonging to
+    the VLLMService of that uid."""
     meta = obj["metadata"]
     return (
         kind == "PersistentVolumeClaim"
         and not meta.get("ownerReferences")
         and (meta.get("annotations") or {}).get(RETAINED_CACHE_ANNOTATION) == service_name
         and signed_claim(obj, secret)
+        and (owner_uid is None or cache_owner(obj, secret) == owner_uid)
     )
 
 
-def stokers(kind: str, obj: Manifest, owner_uid: str, service_name: str, secret: str | None) -> bool:
-    """Whether stoker may apply to this object for the VLLMService (uid, name); a claim only if signed."""
+def stokers(
+    kind: str,
+    obj: Manifest,
+    owner_uid: str,
+    service_name: str,
+    secret: str | None,
+    reuse_retained: bool = False,
+) -> bool:
+    """Whether stoker may apply to this object for the VLLMService (uid, name); a claim only if signed, and
+    a retained one only if it is this VLLMService's or the service asked to reuse it (`reuse_retained`)."""
     if kind == "PersistentVolumeClaim":
         return signed_claim(obj, secret) and (
-            owned_by(obj, owner_uid) or retained_cache_of(kind, obj, service_name, secret)
+            owned_by(obj, owner_uid)
+            or retained_cache_of(kind, obj, service_name, secret, None if reuse_retained else owner_uid)
         )
     return owned_by(obj, owner_uid)
 
 
-def seeded_signature(secret: str, claim: Manifest, seeded_key: str, facts: str | None) -> str:
-    """The operator's HMAC-SHA256 proving that it seeded this very claim (namespace and uid) for
-    `seeded_key`, and read `facts` from that seed."""
+def seeded_signature(secret: str, claim: Manifest, owner_uid: str, seeded: SeededClaim) -> str:
+    """The operator's HMAC-SHA256 proving that it seeded this very claim (namespace and uid) of the
+    VLLMService `owner_uid` for `seeded.key` at `seeded.at`, and read `seeded.facts` from that seed."""
     meta = claim["metadata"]
-    return _hmac(secret, "seeded", meta["namespace"], meta["uid"], seeded_key, facts or "")
+    return _hmac(
+        secret, "seeded", meta["namespace"], meta["uid"], owner_uid, seeded.key, seeded.at, seeded.facts or ""
+    )
 
 
 @dataclass(frozen=True)
 class SeededClaim:
-    """What a cache claim proves stoker seeded into it."""
+    """What a cache claim proves stoker seeded into it: the key, when (RFC 3339) and the facts read."""
 
     key: str
+    at: str
     facts: str | None
 
 
-def proven_seed(claim: Manifest | None, secret: str | None) -> SeededClaim | None:
-    """The seeded key and facts a claim's annotations carry, only if the operator's signature over this
-    claim's uid matches: annotations a tenant wrote, or copied from another claim, prove nothing."""
+def seeded_annotations(secret: str, claim: Manifest, owner_uid: str, seeded: SeededClaim) -> dict[str, str]:
+    """The annotations recording a seed on a claim, signed (see proven_seed)."""
+    annotations = {SEEDED_KEY_ANNOTATION: seeded.key, SEEDED_AT_ANNOTATION: seeded.at}
+    if seeded.facts is not None:
+        annotations[MODEL_FACTS_ANNOTATION] = seeded.facts
+    annotations[SEEDED_SIGNATURE_ANNOTATION] = seeded_signature(secret, claim, owner_uid, seeded)
+    return annotations
+
+
+def proven_seed(claim: Manifest | None, secret: str | None, owner_uid: str) -> SeededClaim | None:
+    """The seed a claim's annotations record, only if the operator signed it for this claim's uid and
+    the VLLMService `owner_uid`: annotations a tenant wrote, copied from another claim, or left by another
+    owner of the claim prove nothing."""
     if claim is None or secret is None:
         return None
     annotations = claim["metadata"].get("annotations") or {}
     key, signature = annotations.get(SEEDED_KEY_ANNOTATION), annotations.get(SEEDED_SIGNATURE_ANNOTATION)
-    if not key or not signature or not claim["metadata"].get("uid"):
+    at = annotations.get(SEEDED_AT_ANNOTATION)
+    if not key or not at or not signature or not claim["metadata"].get("uid"):
         return None
-    facts = annotations.get(MODEL_FACTS_ANNOTATION)
-    if not hmac.compare_digest(signature, seeded_signature(secret, claim, key, facts)):
+    seeded = SeededClaim(key, at, annotations.get(MODEL_FACTS_ANNOTATION))
+    if not hmac.compare_digest(signature, seeded_signature(secret, claim, owner_uid, seeded)):
         return None
-    return SeededClaim(key, facts)
+    return seeded
 
 
 def release(obj: Manifest, owner_uid: str) -> list[Manifest]:
@@ -196,6 +250,9 @@ class ChildConflict:
     kind: str
     namespace: str
     name: str
+    # A compile cache retained from another VLLMService of this name (deleted since): it is not reused
+    # unless this one asks for it.
+    retained: bool = False
 
     @property
     def subject(self) -> str:
@@ -203,18 +260,34 @@ class ChildConflict:
 
     @property
     def message(self) -> str:
+        if self.retained:
+            return (
+                f"{self.subject} is a compile cache retained from another VLLMService of this name, and is"
+                " not reused for this one: set spec.coldStart.compileCache.reuseRetained to take it over"
+                " (admitted only if you may `use` that PersistentVolumeClaim; it is then seeded again,"
+                " emptied first), or delete it"
+            )
         return f"{self.subject} exists and is not owned by this VLLMService; rename or delete it"
 
 
 def conflicts(
-    owner_uid: str, service_name: str, live: list[tuple[str, Manifest]], secret: str | None
+    owner_uid: str,
+    service_name: str,
+    live: list[tuple[str, Manifest]],
+    secret: str | None,
+    reuse_retained: bool = False,
 ) -> list[ChildConflict]:
     """The live objects (kind, object) in the way: a child's name, neither carrying this VLLMService's
-    owner reference nor a compile cache retained for its name."""
+    owner reference nor a compile cache retained for it (see stokers)."""
     return [
-        ChildConflict(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+        ChildConflict(
+            kind,
+            obj["metadata"]["namespace"],
+            obj["metadata"]["name"],
+            retained=retained_cache_of(kind, obj, service_name, secret, None),
+        )
         for kind, obj in live
-        if not stokers(kind, obj, owner_uid, service_name, secret)
+        if not stokers(kind, obj, owner_uid, service_name, secret, reuse_retained)
     ]
 
 
