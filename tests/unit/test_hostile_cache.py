@@ -140,3 +140,21 @@ def test_a_seed_that_cannot_empty_the_volume_does_not_seed(tmp_path: Path, capsy
     code = seed.main(["--pages", str(tmp_path / "pages"), "--empty", str(tmp_path / "missing"), "--", "true"])
     assert code == 1
     assert "stoker-seed: cannot empty the cache volume" in capsys.readouterr().out
+
+
+def test_a_claim_from_before_owners_were_recorded_stays_with_the_service_it_was_made_for():
+    """After an upgrade: a retained claim without an owner record is this service's only if it was created
+    while this service existed; one older than the service was made for an earlier one of its name."""
+    obj = body()
+    obj["metadata"]["creationTimestamp"] = "2026-11-26T08:00:00Z"
+    for created, taken in (("2026-11-26T08:00:01Z", True), ("2026-11-26T07:59:59Z", False)):
+        children = converged(obj)
+        claim = children[CLAIM]
+        claim["metadata"]["creationTimestamp"] = created
+        for name in ("stoker.dev/compile-cache-owner", "stoker.dev/compile-cache-owner-signature"):
+            del claim["metadata"]["annotations"][name]
+        plan = decide_children(snapshot(obj, children))
+        assert (plan.blocked is None) is taken, created
+        if taken:  # and it records its owner now
+            (write,) = [w for w in plan.writes if w.desired["kind"] == "PersistentVolumeClaim"]
+            assert write.desired["metadata"]["annotations"]["stoker.dev/compile-cache-owner"] == "svc-uid"

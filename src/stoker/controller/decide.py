@@ -37,6 +37,7 @@ from stoker.controller.ownership import (
     conflicts,
     covers,
     foreign_fields,
+    made_before_owners_were_recorded,
     never_shrink,
     owned_by,
     owner_signature,
@@ -167,8 +168,13 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     compile_cache = svc.spec.cold_start.compile_cache
     claim_name = cache_pvc_name(svc.name)
     claim = snap.children.get(("PersistentVolumeClaim", claim_name)) if compile_cache.enabled else None
+    # Asked for in the spec (admitted only from an author who may `use` the claim), or this service's own
+    # claim from before owners were recorded.
+    reuse_retained = compile_cache.reuse_retained or made_before_owners_were_recorded(
+        claim, snap.body, snap.signing_key
+    )
     claim_is_ours = claim is not None and stokers(
-        "PersistentVolumeClaim", claim, uid, svc.name, snap.signing_key, compile_cache.reuse_retained
+        "PersistentVolumeClaim", claim, uid, svc.name, snap.signing_key, reuse_retained
     )
     claim_uid = claim["metadata"]["uid"] if claim is not None and claim_is_ours else None
     seeding = seed_wanted(svc)
@@ -269,7 +275,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         svc.name,
         [(kind, obj) for (kind, _), obj in snap.children.items() if obj is not None],
         snap.signing_key,
-        compile_cache.reuse_retained,
+        reuse_retained,
     )
     if in_the_way:
         # Nothing is applied, patched or deleted while anything is in the way: the serving pods do not

@@ -142,6 +142,21 @@ def cache_owner(claim: Manifest, secret: str | None) -> str | None:
     return owner if hmac.compare_digest(signature, owner_signature(secret, claim, owner)) else None
 
 
+def made_before_owners_were_recorded(claim: Manifest | None, service: Manifest, secret: str | None) -> bool:
+    """A compile-cache claim of an operator that did not record owners yet, created while this very
+    VLLMService existed: names are unique at any time, so it was made for this one (a claim retained from
+    an earlier VLLMService of the name is older than this one)."""
+    if claim is None or cache_owner(claim, secret) is not None:
+        return False
+    created = claim["metadata"].get("creationTimestamp")
+    since = service["metadata"].get("creationTimestamp")
+    return bool(created and since) and _instant(created) >= _instant(since)
+
+
+def _instant(timestamp: str) -> datetime:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+
+
 def retained_cache_of(
     kind: str, obj: Manifest, service_name: str, secret: str | None, owner_uid: str | None
 ) -> bool:
