@@ -50,8 +50,19 @@ OWNED_LONG_FLAGS = (
     # Standby needs sleep mode; 0.33 also spells its negation --disable-sleep-mode.
     "no-enable-sleep-mode",
     "disable-sleep-mode",
+    # The parallel layout (runtime.pipelineParallelSize, dataParallelSize, expertParallel) and a
+    # multi-node group's ranks (runtime.nodesPerReplica): GPUs, pods and ranks must agree.
+    "pipeline-parallel-size",
+    "data-parallel-size",
+    "enable-expert-parallel",
+    "no-enable-expert-parallel",
+    "nnodes",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "headless",
 )
-OWNED_SHORT_FLAGS = ("tp",)
+OWNED_SHORT_FLAGS = ("tp", "pp", "dp", "ep", "n", "r")
 # JSON-valued flags: the whole JSON value could set anything and is denied; dotted keys
 # (`-cc.pass_config.fuse_norm_quant=true`) pass unless they name a key stoker owns.
 JSON_LONG_FLAGS = ("compilation-config",)
@@ -86,6 +97,8 @@ def _owned_spellings() -> list[str]:
         # `--` alone and `--=x` too: argparse ends the options there, after stoker's list-valued flags.
         f"--({_prefixes(OWNED_LONG_FLAGS)})?([=.].*)?",
         f"-({_prefixes(OWNED_SHORT_FLAGS)})([=.].*)?",
+        # argparse reads a one-letter option's value joined to it: `-n2` is `--nnodes 2`.
+        f"-({'|'.join(flag for flag in OWNED_SHORT_FLAGS if len(flag) == 1)}).+",
     ]
 
 

@@ -380,6 +380,26 @@ class EnvVar(_Model):
 
 
 _TP_DIVIDES_GPUS = "tensorParallelSize must divide gpus"
+# The ranks of one replica: tensor x pipeline x data parallel. On one node they share its pod's GPUs; across
+# nodes (a LeaderWorkerSet group) every GPU of the group holds one rank, the same number on every node.
+_RANKS = "tensorParallelSize x pipelineParallelSize x dataParallelSize"
+_LAYOUT_ON_ONE_NODE = f"{_RANKS} must divide gpus"
+_LAYOUT_ACROSS_NODES = (
+    f"with nodesPerReplica above 1, {_RANKS} must equal gpus x nodesPerReplica (every GPU of the group"
+    " holds one rank; pipelineParallelSize defaults to nodesPerReplica, tensorParallelSize to gpus)"
+)
+_NO_DATA_PARALLEL_ACROSS_NODES = (
+    "dataParallelSize above 1 is not supported with nodesPerReplica above 1: spread a replica across nodes"
+    " with pipeline or tensor parallel (each data-parallel rank of a group would need its own start rank)"
+)
+# CEL of the effective sizes (the properties of RuntimeSpec below).
+_TP_CEL = "(has(self.tensorParallelSize) ? self.tensorParallelSize : self.gpus)"
+_DP_CEL = "(has(self.dataParallelSize) ? self.dataParallelSize : 1)"
+_PP_CEL = (
+    "(has(self.pipelineParallelSize) ? self.pipelineParallelSize"
+    " : (has(self.nodesPerReplica) && self.nodesPerReplica > 1 ? self.nodesPerReplica : 1))"
+)
+_NODES_CEL = "(has(self.nodesPerReplica) ? self.nodesPerReplica : 1)"
 _NO_OWNED_FLAGS = (
     "extraArgs must not set flags stoker owns, in any spelling or abbreviation vLLM accepts: "
     + ", ".join(f"--{flag}" for flag in OWNED_LONG_FLAGS)
@@ -408,10 +428,21 @@ class RuntimeSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
-                "!has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
+                f"{_NODES_CEL} > 1 || !has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
                 _TP_DIVIDES_GPUS,
                 ".tensorParallelSize",
             ),
+            _cel(
+                f"{_NODES_CEL} > 1 || self.gpus % ({_TP_CEL} * {_PP_CEL} * {_DP_CEL}) == 0",
+                _LAYOUT_ON_ONE_NODE,
+                ".gpus",
+            ),
+            _cel(
+                f"{_NODES_CEL} == 1 || {_TP_CEL} * {_PP_CEL} * {_DP_CEL} == self.gpus * {_NODES_CEL}",
+                _LAYOUT_ACROSS_NODES,
+                ".nodesPerReplica",
+            ),
+            _cel(f"{_NODES_CEL} == 1 || {_DP_CEL} == 1", _NO_DATA_PARALLEL_ACROSS_NODES, ".dataParallelSize"),
             _cel(
                 f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
                 _NO_OWNED_FLAGS,
@@ -455,8 +486,41 @@ class RuntimeSpec(_Model):
     replicas: int = Field(
         default=1, ge=0, le=1000, description="Serving replicas (the scale subresource sets it)."
     )
-    gpus: int = Field(default=1, ge=1, le=16, description="GPUs per replica.")
-    tensor_parallel_size: int | None = Field(default=None, ge=1, le=16, description="Defaults to gpus.")
+    gpus: int = Field(
+        default=1, ge=1, le=16, description="GPUs per pod: per replica, or per node of a multi-node replica."
+    )
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="--tensor-parallel-size; defaults to gpus."
+    )
+    pipeline_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="--pipeline-parallel-size; defaults to nodesPerReplica (pipeline stages across nodes,"
+        " tensor parallel within each).",
+    )
+    data_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="--data-parallel-size: engines of one replica, each with tensor x pipeline parallel"
+        " ranks; defaults to 1. One node only.",
+    )
+    expert_parallel: bool = Field(
+        default=False,
+        description="--enable-expert-parallel: a mixture of experts' experts spread over the tensor and"
+        " data parallel ranks instead of each expert split by tensor parallel.",
+    )
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Pods, one per node, of each replica. Above 1 a replica is a LeaderWorkerSet group"
+        " (leaderworkerset.x-k8s.io, its controller must run in the cluster) running vLLM's own multi-node"
+        " processes, no Ray: the leader serves, the others run --headless; every pod has `gpus` GPUs."
+        " The group is Ready when all its pods are, and restarts whole when one of them fails"
+        " (docs/concepts/multi-node.md).",
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict,
         description="Node labels the pods need. It picks the GPU model, so it is part of the cache key.",
@@ -483,6 +547,23 @@ class RuntimeSpec(_Model):
         return self.tensor_parallel_size or self.gpus
 
     @property
+    def effective_pipeline_parallel_size(self) -> int:
+        return self.pipeline_parallel_size or self.nodes_per_replica
+
+    @property
+    def effective_data_parallel_size(self) -> int:
+        return self.data_parallel_size or 1
+
+    @property
+    def ranks(self) -> int:
+        """Ranks (GPUs in use) of one replica."""
+        return (
+            self.effective_tensor_parallel_size
+            * self.effective_pipeline_parallel_size
+            * self.effective_data_parallel_size
+        )
+
+    @property
     def resolved_engine_version(self) -> str:
         return resolve_engine_version(self.engine_version, self.image)
 
@@ -500,8 +581,16 @@ class RuntimeSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RuntimeSpec:
-        if self.tensor_parallel_size and self.gpus % self.tensor_parallel_size:
-            raise FieldError("tensorParallelSize", _TP_DIVIDES_GPUS)
+        if self.nodes_per_replica == 1:
+            if self.tensor_parallel_size and self.gpus % self.tensor_parallel_size:
+                raise FieldError("tensorParallelSize", _TP_DIVIDES_GPUS)
+            if self.gpus % self.ranks:
+                raise FieldError("gpus", _LAYOUT_ON_ONE_NODE)
+        else:
+            if self.ranks != self.gpus * self.nodes_per_replica:
+                raise FieldError("nodesPerReplica", _LAYOUT_ACROSS_NODES)
+            if self.effective_data_parallel_size != 1:
+                raise FieldError("dataParallelSize", _NO_DATA_PARALLEL_ACROSS_NODES)
         if any(sets_owned_flag(arg) for arg in self.extra_args):
             raise FieldError("extraArgs", _NO_OWNED_FLAGS)
         if self.extra_args and not re.match(FIRST_ARG_REGEX, self.extra_args[0]):
@@ -1063,6 +1152,17 @@ _SHARED_GPU_ONE_GPU = (
 )
 _HAS_SHARED_GPU = "has(self.coldStart.standby) && has(self.coldStart.standby.sharedGpu)"
 
+# What cannot work across the nodes of a multi-node replica (a LeaderWorkerSet group).
+_MULTI_NODE_CEL = "has(self.runtime.nodesPerReplica) && self.runtime.nodesPerReplica > 1"
+_GROUP_STANDBY = (
+    "coldStart.standby does not work with runtime.nodesPerReplica above 1: a sleeping group is not"
+    " supported (the operator wakes one pod's engine, a group's engine spans all of its pods)"
+)
+_GROUP_SHARED_VOLUME = (
+    "must be ReadWriteMany with runtime.nodesPerReplica above 1: the pods of a group run on different"
+    " nodes and share the volume, each rank filling its own directory"
+)
+
 
 class VLLMServiceSpec(_Model):
     """The desired state: a model, how replicas run, how they start fast, and how pods fit the cluster."""
@@ -1098,6 +1198,18 @@ class VLLMServiceSpec(_Model):
                 ".runtime.replicas",
             ),
             _cel(f"!({_HAS_SHARED_GPU}) || self.runtime.gpus == 1", _SHARED_GPU_ONE_GPU, ".runtime.gpus"),
+            _cel(
+                f"!({_MULTI_NODE_CEL}) || !has(self.coldStart.standby)", _GROUP_STANDBY, ".coldStart.standby"
+            ),
+            *(
+                _cel(
+                    f"!({_MULTI_NODE_CEL}) || !self.coldStart.{volume}.enabled"
+                    f" || self.coldStart.{volume}.accessMode == 'ReadWriteMany'",
+                    f"coldStart.{volume}.accessMode {_GROUP_SHARED_VOLUME}",
+                    f".coldStart.{volume}.accessMode",
+                )
+                for volume in ("compileCache", "modelCache")
+            ),
         )
     )
 
@@ -1136,6 +1248,18 @@ class VLLMServiceSpec(_Model):
                     raise FieldError("runtime.replicas", _SHARED_GPU_REPLICAS)
                 if self.runtime.gpus != 1:
                     raise FieldError("runtime.gpus", _SHARED_GPU_ONE_GPU)
+        if self.runtime.nodes_per_replica > 1:
+            if self.cold_start.standby is not None:
+                raise FieldError("coldStart.standby", _GROUP_STANDBY)
+            volumes = (
+                ("compileCache", self.cold_start.compile_cache),
+                ("modelCache", self.cold_start.model_cache),
+            )
+            for name, volume in volumes:
+                if volume.enabled and volume.access_mode != "ReadWriteMany":
+                    raise FieldError(
+                        f"coldStart.{name}.accessMode", f"coldStart.{name}.accessMode {_GROUP_SHARED_VOLUME}"
+                    )
         return self
 
 

@@ -33,7 +33,8 @@ _GIB = 1 << 30
 
 @dataclass(frozen=True)
 class EngineFlags:
-    """`vllm serve` flags stoker renders, as the release spells them (unchanged from 0.22 to 0.33)."""
+    """`vllm serve` flags stoker renders, as the release spells them (unchanged from 0.22 to 0.33, read from
+    each release's wheel)."""
 
     # The seed Job's program reads these three from its server's argv: one spelling for both.
     port: str = PORT_FLAG
@@ -49,6 +50,20 @@ class EngineFlags:
     capture_sizes: str = "--cudagraph-capture-sizes"
     sleep_mode: str = "--enable-sleep-mode"
     middleware: str = "--middleware"
+    # Parallel layouts (engine/arg_utils.py, 0.22.1 `:946-1058` to 0.33.0 `:1177-1305`).
+    pipeline_parallel_size: str = "--pipeline-parallel-size"
+    data_parallel_size: str = "--data-parallel-size"
+    expert_parallel: str = "--enable-expert-parallel"
+    # vLLM's own multi-node processes, no Ray: with --nnodes > 1 the executor is `mp` (config/parallel.py);
+    # a node of rank > 0 runs `--headless`, its workers joining the leader's torch.distributed group at
+    # --master-addr:--master-port (entrypoints/cli/serve.py run_headless, 0.22.1 to 0.33.0). vLLM leaves
+    # these four out of its compile-cache key (ParallelConfig.compute_hash), so every node's ranks share
+    # the key; the ranks' compile caches are directories rank_<rank>_<dp rank> under it.
+    nnodes: str = "--nnodes"
+    node_rank: str = "--node-rank"
+    master_addr: str = "--master-addr"
+    master_port: str = "--master-port"
+    headless: str = "--headless"
 
 
 @dataclass(frozen=True)

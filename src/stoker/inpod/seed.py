@@ -204,7 +204,10 @@ def warm_up(port: str, model: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    usage = "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas] -- COMMAND..."
+    usage = (
+        "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas] [--group-worker ENV FLAG]"
+        " -- COMMAND..."
+    )
     described = program_parser("stoker.inpod.seed", __doc__, usage)
     described.add_argument(
         "--pages",
@@ -229,6 +232,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="set TRITON_PTXAS_PATH to torch's ptxas for COMMAND, unless it is set (Triton keys its kernel"
         " cache by the ptxas version)",
+    )
+    described.add_argument(
+        "--group-worker",
+        nargs=2,
+        metavar=("ENV", "FLAG"),
+        help="a multi-node seed's pod: unless the variable ENV (its index) is 0, run COMMAND FLAG as a rank"
+        " of the leader's group instead of seeding (nothing emptied, recorded or stopped: the Job ends when"
+        " the leader has seeded)",
     )
     return described
 
@@ -271,6 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         # A volume's model path (hub ids and URIs are not paths): vLLM would take it for a hub id.
         print(f"{MODEL_PATH_MISSING_LINE} {model}", flush=True)
         return MODEL_PATH_MISSING_EXIT
+    if settings.group_worker is not None:
+        index_env, worker_flag = settings.group_worker
+        index = os.environ.get(index_env, "")
+        if index != "0":
+            print(f"{LINE_PREFIX}rank {index or '?'} of the group runs its engine {worker_flag}", flush=True)
+            if settings.pin_ptxas:
+                print(f"{LINE_PREFIX}{pin_ptxas()}", flush=True)
+            os.execvp(command[0], [*command, worker_flag])
     skipped = SkipLines(LINE_PREFIX)
     atexit.register(skipped.close)
     if settings.empty:

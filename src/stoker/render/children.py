@@ -5,6 +5,7 @@ from __future__ import annotations
 from stoker.api import VLLMService
 from stoker.render.control import build_control_secret
 from stoker.render.deployment import build_deployment
+from stoker.render.group import LWS_KIND, build_leader_worker_set, build_seed_group_service, multi_node
 from stoker.render.inferencepool import build_inference_pool
 from stoker.render.names import Json
 from stoker.render.nodewarmer import Warming, build_node_warmer
@@ -19,6 +20,19 @@ def seed_wanted(svc: VLLMService) -> bool:
     return cold_start.seed.enabled and cold_start.compile_cache.enabled
 
 
+def build_serving(
+    svc: VLLMService, *, replicas: int | None = None, programs_image: str = DEFAULT_PROGRAMS_IMAGE
+) -> Json:
+    """What runs the replicas: a Deployment, or with runtime.nodesPerReplica above 1 a LeaderWorkerSet of
+    that many pods per replica (render.group)."""
+    build = build_leader_worker_set if multi_node(svc) else build_deployment
+    return build(svc, replicas=replicas, programs_image=programs_image)
+
+
+def serving_kind(svc: VLLMService) -> str:
+    return LWS_KIND if multi_node(svc) else "Deployment"
+
+
 def render_children(
     svc: VLLMService,
     *,
@@ -27,10 +41,11 @@ def render_children(
     programs_image: str = DEFAULT_PROGRAMS_IMAGE,
     warming: Warming | None = None,
 ) -> list[Json]:
-    """Control Secret, PVCs, seed Job, Deployment, Service, with `warming` (the operator's decision for
+    """Control Secret, PVCs, seed Job (for a multi-node service with its headless Service), Deployment or
+    LeaderWorkerSet (build_serving), Service, with `warming` (the operator's decision for
     coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, and with spec.inferencePool
     the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
-    overrides the Deployment's replicas (the controller passes 0 while a gated seed runs);
+    overrides the Deployment's (or LeaderWorkerSet's) replicas (the controller passes 0 while a gated seed runs);
     `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
     service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
     image, by default of this version)."""
@@ -42,8 +57,10 @@ def render_children(
     if svc.spec.cold_start.model_cache.enabled:
         children.append(build_model_pvc(svc))
     if seed_wanted(svc):
+        if multi_node(svc):
+            children.append(build_seed_group_service(svc))
         children.append(build_seed_job(svc, programs_image=programs_image))
-    children.append(build_deployment(svc, replicas=serving_replicas, programs_image=programs_image))
+    children.append(build_serving(svc, replicas=serving_replicas, programs_image=programs_image))
     children.append(build_service(svc))
     if warming is not None:
         children.append(build_node_warmer(svc, warming, programs_image=programs_image))

@@ -190,6 +190,25 @@ def _cuda_graph_args(svc: VLLMService, flags: EngineFlags) -> list[str]:
     return [flags.capture_sizes, *(str(size) for size in graphs.capture_sizes or [])]
 
 
+def parallel_args(svc: VLLMService) -> list[str]:
+    """The replica's parallel layout beyond tensor parallel, the same for the seed and every pod of a
+    replica (vLLM hashes the sizes into its compile-cache key): pipeline and data parallel sizes, expert
+    parallel, and for a multi-node replica the node count. Each rank's own flags (render.group) are not
+    here: vLLM leaves them out of its key, and so does stoker's."""
+    runtime = svc.spec.runtime
+    flags = runtime.engine_profile.flags
+    args: list[str] = []
+    if runtime.effective_pipeline_parallel_size > 1:
+        args += [flags.pipeline_parallel_size, str(runtime.effective_pipeline_parallel_size)]
+    if runtime.effective_data_parallel_size > 1:
+        args += [flags.data_parallel_size, str(runtime.effective_data_parallel_size)]
+    if runtime.expert_parallel:
+        args.append(flags.expert_parallel)
+    if runtime.nodes_per_replica > 1:
+        args += [flags.nnodes, str(runtime.nodes_per_replica)]
+    return args
+
+
 def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
     spec = svc.spec
     runtime = spec.runtime
@@ -204,6 +223,7 @@ def engine_invocation(svc: VLLMService, role: Role) -> EngineInvocation:
         flags.tensor_parallel_size,
         str(runtime.effective_tensor_parallel_size),
     ]
+    args += parallel_args(svc)
     if spec.model.revision and spec.model.source.hugging_face is not None:
         args += [flags.revision, spec.model.revision]
     if runtime.max_model_len is not None:

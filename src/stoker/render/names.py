@@ -63,6 +63,8 @@ CONTROL_TOKEN_KEY = "token"
 
 COMPONENT_SERVER = "server"
 COMPONENT_SEED = "seed"
+# The pods of a multi-node group other than its leader (render.group): they serve no API.
+COMPONENT_WORKER = "worker"
 COMPONENT_CACHE = "cache"
 COMPONENT_NODE_WARMER = "node-warmer"
 
@@ -77,6 +79,10 @@ def model_pvc_name(name: str) -> str:
 
 def seed_job_name(name: str, short_key: str) -> str:
     return f"{name}-seed-{short_key}"
+
+
+def seed_group_service_name(name: str) -> str:
+    return f"{name}-seed"
 
 
 def control_secret_name(name: str) -> str:

@@ -8,12 +8,14 @@ from stoker.api import VLLMService
 from stoker.inpod import seed as seed_program
 from stoker.render.cachekey import SHORT_KEY_LENGTH, cache_key
 from stoker.render.engine import EngineInvocation, engine_invocation, loads_mega_aot_artifact, reads_ahead
+from stoker.render.group import JOB_INDEX_ENV, multi_node, rank_args, with_rank_args
 from stoker.render.names import (
     CACHE_KEY_ANNOTATION,
     COMPONENT_SEED,
     Json,
     common_labels,
     object_meta,
+    seed_group_service_name,
     seed_job_name,
 )
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
@@ -51,13 +53,17 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     used depended on what ran first in it.
     """
     engine = engine_invocation(svc, "seed")
+    # A multi-node seed (render.group): every index but the leader's runs its rank headless, and only the
+    # leader empties the volume and seeds.
+    flags = svc.spec.runtime.engine_profile.flags
+    worker = ["--group-worker", JOB_INDEX_ENV, flags.headless] if multi_node(svc) else []
     again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
     # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins.
     pin = ["--pin-ptxas"] if reads_ahead(svc) else []
     # Emptied first: the volume may hold what another key's or another owner's pods wrote (controller/
     # ownership.py), which vLLM would load as this key's compile cache.
     empty = ["--empty", engine.cache_mount_path]
-    recorded = ["--pages", import_pages_listing(svc), *empty, *again, *pin, "--"]
+    recorded = ["--pages", import_pages_listing(svc), *empty, *again, *pin, *worker, "--"]
     return dataclasses.replace(
         engine, command=["python3", "-m", seed_program.__name__], args=[*recorded, *engine.argv]
     )
@@ -68,16 +74,30 @@ def build_seed_job(svc: VLLMService, *, programs_image: str = DEFAULT_PROGRAMS_I
     short_key = key[:SHORT_KEY_LENGTH]
     labels = common_labels(svc.name, COMPONENT_SEED, short_key)
     annotations = {CACHE_KEY_ANNOTATION: key}
+    name = seed_job_name(svc.name, short_key)
+    spec = pod_spec(svc, "seed", seed_invocation(svc), programs_image)
+    job: Json = {
+        "backoffLimit": SEED_BACKOFF_LIMIT,
+        "activeDeadlineSeconds": SEED_ACTIVE_DEADLINE_SECONDS,
+        "template": {"metadata": pod_metadata(svc, labels, annotations), "spec": spec},
+    }
+    if multi_node(svc):
+        # The group's topology: one pod per node of a replica, index i its node rank, all at once; the
+        # seed has succeeded when its leader has (the Job then stops the other ranks). Each rank compiles
+        # into its own rank_<rank>_<dp rank> directory of the shared volume, as the serving ranks read.
+        nodes = svc.spec.runtime.nodes_per_replica
+        leader = f"{name}-0.{seed_group_service_name(svc.name)}"
+        with_rank_args(spec, rank_args(svc, f"$({JOB_INDEX_ENV})", leader, leader=True))
+        spec["subdomain"] = seed_group_service_name(svc.name)
+        job |= {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
+        }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": object_meta(svc, seed_job_name(svc.name, short_key), labels, annotations),
-        "spec": {
-            "backoffLimit": SEED_BACKOFF_LIMIT,
-            "activeDeadlineSeconds": SEED_ACTIVE_DEADLINE_SECONDS,
-            "template": {
-                "metadata": pod_metadata(svc, labels, annotations),
-                "spec": pod_spec(svc, "seed", seed_invocation(svc), programs_image),
-            },
-        },
+        "metadata": object_meta(svc, name, labels, annotations),
+        "spec": job,
     }
