@@ -428,7 +428,8 @@ class RuntimeSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra=_validations(
             _cel(
-                f"{_NODES_CEL} > 1 || !has(self.tensorParallelSize) || self.gpus % self.tensorParallelSize == 0",
+                f"{_NODES_CEL} > 1 || !has(self.tensorParallelSize)"
+                " || self.gpus % self.tensorParallelSize == 0",
                 _TP_DIVIDES_GPUS,
                 ".tensorParallelSize",
             ),

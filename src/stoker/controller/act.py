@@ -32,6 +32,7 @@ from stoker.controller.ownership import (
     stokers,
 )
 from stoker.render import CLAIM_SIGNATURE_ANNOTATION, SEED_CLAIM_UID_ANNOTATION
+from stoker.render.children import SERVING_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Actor:
                 return self._taken_since(child, body, error)
             if child["kind"] == "PersistentVolumeClaim":
                 return self._sign(created)
-            if child["kind"] == "Deployment":
+            if child["kind"] in SERVING_KINDS:
                 # So that later applies remove what stoker stops rendering in the pod template (a label
                 # dropped from spec.pod). Only here: the other kinds' specs are immutable or hold fields the
                 # server allocates, and what stoker renders on them does not shrink.

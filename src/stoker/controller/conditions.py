@@ -35,15 +35,17 @@ class Condition:
 
 @dataclass(frozen=True)
 class Rollout:
-    """The serving Deployment's progress, as counted for the conditions."""
+    """The serving Deployment's (or LeaderWorkerSet's) progress, as counted for the conditions; a
+    LeaderWorkerSet counts groups, each ready only when all of its pods are."""
 
     deployment: str
     desired: int  # serving replicas the spec asks for
-    total: int  # pods the Deployment runs (serving plus standby)
+    total: int  # pods the Deployment runs (serving plus standby), groups a LeaderWorkerSet runs
     updated: int
     ready: int
     serving: int  # ready pods behind the Service
     done: bool
+    kind: str = "Deployment"
 
 
 def ready_condition(gate_closed: bool, seed_job: str, serves_all: bool, rollout: Rollout) -> Condition:
@@ -120,7 +122,7 @@ def progressing_condition(
             "Progressing",
             True,
             "WaitingForSeed",
-            f"Deployment {rollout.deployment} rolls out once seed job {seed_job} has filled"
+            f"{rollout.kind} {rollout.deployment} rolls out once seed job {seed_job} has filled"
             " the compile cache",
         )
     counts = f"{rollout.updated}/{rollout.total} pods updated, {rollout.ready}/{rollout.total} ready"
@@ -129,11 +131,11 @@ def progressing_condition(
             "Progressing",
             True,
             "RollingOut",
-            f"Deployment {rollout.deployment} is rolling out: {counts}; pods that stay Pending or not Ready"
-            f" show why in kubectl describe",
+            f"{rollout.kind} {rollout.deployment} is rolling out: {counts}; pods that stay Pending or not"
+            " Ready show why in kubectl describe",
         )
     return Condition(
-        "Progressing", False, "Converged", f"Deployment {rollout.deployment} rolled out: {counts}"
+        "Progressing", False, "Converged", f"{rollout.kind} {rollout.deployment} rolled out: {counts}"
     )
 
 

@@ -65,6 +65,8 @@ from stoker.render import (
     serving_selector,
     short_cache_key,
 )
+from stoker.render.children import SERVING_KINDS, serving_kind
+from stoker.render.group import LWS_KIND
 
 Manifest = dict[str, Any]
 
@@ -80,10 +82,13 @@ FAULT_REASONS = frozenset(
         "ModelPathMissing",
         "StandbyBackoff",
         "InferencePoolCRDMissing",
+        "LeaderWorkerSetCRDMissing",
     }
 ) | (STUCK_WAITING_REASONS)
 # How long serving replicas wait for the learning path to record a finished seed's run (its facts).
 SEED_RECORD_GRACE_SECONDS = 10.0
+# How soon to look again at a LeaderWorkerSet that has not rolled out (it is not watched).
+GROUP_RECHECK_SECONDS = 5.0
 # How soon to look again while a superseded seed Job of a re-created claim is being deleted.
 DELETION_RECHECK_SECONDS = 2.0
 
@@ -118,6 +123,9 @@ class Snapshot:
     # spec.inferencePool set and the cluster does not serve InferencePools: the resource, as `plural.group/
     # version` (the pool is then neither read nor written).
     inference_pool_crd_missing: str | None = None
+    # runtime.nodesPerReplica above 1 and the cluster does not serve LeaderWorkerSets: the resource, as
+    # above (the group is neither read nor written).
+    group_crd_missing: str | None = None
     # spec.inferencePool unset but status names a pool: that pool as read, to delete if stoker's.
     stale_inference_pool: Manifest | None = None
     # coldStart.nodeWarming enabled: whether this service warms its nodes, or why not (controller/warming.py).
@@ -270,6 +278,8 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     )
     if snap.inference_pool_crd_missing is not None:
         rendered = [child for child in rendered if child["kind"] != INFERENCE_POOL_KIND]
+    if snap.group_crd_missing is not None:
+        rendered = [child for child in rendered if child["kind"] != LWS_KIND]
     in_the_way += conflicts(
         uid,
         svc.name,
@@ -284,7 +294,8 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         plan.deletions, plan.events = [], []
         return plan
 
-    deployment = snap.children.get(("Deployment", deployment_name(svc.name)))
+    workload = serving_kind(svc)
+    deployment = snap.children.get((workload, deployment_name(svc.name)))
     retain = compile_cache.retention_policy == "Retain" and snap.signing_key is not None
     for child in map(copy.deepcopy, rendered):  # annotated and owned below: the snapshot stays as it was
         kind, name = child["kind"], child["metadata"]["name"]
@@ -292,7 +303,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if kind == "Job" and (seed_job is not None or seeded or seed_job_leaving):
             continue
         # While the seed for a new key runs, what serves now keeps serving unchanged.
-        if kind == "Deployment" and gate_closed and deployment is not None:
+        if kind == workload and gate_closed and deployment is not None:
             continue
         current = snap.children.get((kind, name))
         if kind == "PersistentVolumeClaim" and current is not None:
@@ -362,7 +373,7 @@ def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
     no volume or seed yet. The next pass, after the others' first ones, creates the rest. None when the
     plan is not a new service's (anything to apply, or the gate open)."""
     creates = [write for write in plan.writes if write.current is None]
-    deployment = next((write for write in creates if write.desired["kind"] == "Deployment"), None)
+    deployment = next((write for write in creates if write.desired["kind"] in SERVING_KINDS), None)
     if deployment is None or not plan.gate_closed or len(creates) != len(plan.writes) or len(creates) < 2:
         return None
     return replace(plan, writes=[deployment], recheck_after=0.0)
@@ -426,11 +437,12 @@ def decide_status(
     cache_missed = (
         plan.seeded and last.get("cacheKey") == plan.short_key and last.get("compileCache") == "miss"
     )
-    deployment = outcome.children.get(("Deployment", deployment_name(svc.name)))
+    workload = serving_kind(svc)
+    deployment = outcome.children.get((workload, deployment_name(svc.name)))
     observed = ObservedChildren(
         claims=[o for (kind, _), o in outcome.children.items() if kind == "PersistentVolumeClaim" and o],
         claim_events=snap.claim_events,
-        deployment=deployment,
+        deployment=deployment if workload == "Deployment" else None,
         job=plan.seed_job,
         job_events=snap.job_events,
         pods=snap.pods,
@@ -445,10 +457,7 @@ def decide_status(
     dep_status = (deployment or {}).get("status") or {}
     ready_replicas = int(dep_status.get("readyReplicas") or 0)
     updated_replicas = int(dep_status.get("updatedReplicas") or 0)
-    updated = deployment is not None and (
-        int(dep_status.get("observedGeneration") or 0) >= int(deployment["metadata"].get("generation") or 0)
-        and updated_replicas >= total
-    )
+    updated = deployment is not None and current_generation_observed(deployment) and updated_replicas >= total
     rolled_out = updated and ready_replicas >= total and int(dep_status.get("replicas") or 0) == total
     serving, serves_all = ready_replicas, rolled_out
     if standby is not None:
@@ -465,8 +474,17 @@ def decide_status(
     )
     if snap.inference_pool_crd_missing is not None and not degraded.status:
         degraded = inference_pool_crd_missing_condition(snap.inference_pool_crd_missing)
+    if snap.group_crd_missing is not None:
+        degraded = group_crd_missing_condition(snap.group_crd_missing)
     rollout = Rollout(
-        deployment_name(svc.name), desired, total, updated_replicas, ready_replicas, serving, rolled_out
+        deployment_name(svc.name),
+        desired,
+        total,
+        updated_replicas,
+        ready_replicas,
+        serving,
+        rolled_out,
+        workload,
     )
     conditions = [
         ready_condition(plan.gate_closed, plan.seed_name, serves_all, rollout),
@@ -515,8 +533,36 @@ def decide_status(
     if warmth is not None:
         new_status["nodeWarming"] = warmth.document
     graces = [p.degrades_in for p in problems if p.degrades_in > 0]
+    if workload == LWS_KIND and deployment is not None and not rolled_out:
+        # LeaderWorkerSets are read, not watched (observe.py): a pod turning Ready brings a pass, and the
+        # group's status may count it a moment later.
+        graces.append(GROUP_RECHECK_SECONDS)
     return StatusPlan(
         new_status, events, "waiting" if plan.gate_closed else "converged", min(graces, default=None)
+    )
+
+
+def current_generation_observed(workload: Manifest) -> bool:
+    """Whether the workload's controller has acted on its current spec: a Deployment says so in
+    status.observedGeneration; a LeaderWorkerSet has none, and says UpdateInProgress while it rolls."""
+    status = workload.get("status") or {}
+    if workload["kind"] == LWS_KIND:
+        return not any(
+            c.get("type") == "UpdateInProgress" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+    return int(status.get("observedGeneration") or 0) >= int(workload["metadata"].get("generation") or 0)
+
+
+def group_crd_missing_condition(resource: str) -> Condition:
+    """Degraded: a multi-node service has nothing to run its groups with."""
+    return Condition(
+        "Degraded",
+        True,
+        "LeaderWorkerSetCRDMissing",
+        f"runtime.nodesPerReplica is above 1 but the cluster does not serve {resource}: install"
+        " LeaderWorkerSet (https://github.com/kubernetes-sigs/lws, v0.9.0 or later) and its controller;"
+        " no replica runs until then",
     )
 
 

@@ -6,6 +6,8 @@ import datetime as dt
 import json
 from typing import Any
 
+from stoker.render.group import LWS_TEMPLATE_HASH_LABEL
+
 Manifest = dict[str, Any]
 
 
@@ -37,16 +39,20 @@ def parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
+def template_hash(pod: Manifest) -> str | None:
+    """The pod's template revision: its ReplicaSet's pod-template-hash, or a LeaderWorkerSet group's."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get("pod-template-hash") or labels.get(LWS_TEMPLATE_HASH_LABEL)
+
+
 def still_running(record: Manifest, pods: list[Manifest]) -> bool:
     """Whether a startup record's pod belongs to a ReplicaSet that still has pods: once an edit replaced
     it (or a scale-down emptied it) the record describes nothing that serves. Records written before
     the template hash was kept fall back to their pod's name."""
-    template_hash = record.get("podTemplateHash")
-    if template_hash is None:
+    wanted = record.get("podTemplateHash")
+    if wanted is None:
         return any(pod["metadata"]["name"] == record.get("pod") for pod in pods)
-    return any(
-        (pod["metadata"].get("labels") or {}).get("pod-template-hash") == template_hash for pod in pods
-    )
+    return any(template_hash(pod) == wanted for pod in pods)
 
 
 def merge_patch(before: Manifest, after: Manifest) -> Manifest:

@@ -20,7 +20,7 @@ from stoker.controller.conditions import now_rfc3339
 from stoker.controller.decide import Snapshot, job_outcome
 from stoker.controller.diagnose import worth_a_closer_look
 from stoker.controller.kube import Kube, Manifest, ResourceMissing
-from stoker.controller.ownership import created_by_deployment
+from stoker.controller.ownership import runs_replicas
 from stoker.controller.warming import Candidate, Verdict, candidate, plan_warming, weights_claim
 from stoker.render import (
     COMPONENT_LABEL,
@@ -29,12 +29,12 @@ from stoker.render import (
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_PLURAL,
     cache_pvc_name,
-    deployment_name,
     node_warmer_name,
     render_children,
     seed_job_name,
     short_cache_key,
 )
+from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_PLURAL
 from stoker.render.nodewarmer import node_warmer_selector_labels
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -75,6 +75,7 @@ class Observer:
             warming=warming.warming if warming is not None else None,
         )
         pool_crd_missing: str | None = None
+        group_crd_missing: str | None = None
         for child in rendered:
             kind, child_name = child["kind"], child["metadata"]["name"]
             if kind == INFERENCE_POOL_KIND:
@@ -82,6 +83,14 @@ class Observer:
                     children[(kind, child_name)] = self._inference_pool(namespace, child_name)
                 except ResourceMissing as missing:
                     pool_crd_missing = str(missing)
+            elif kind == LWS_KIND:
+                # Read with a GET, as the pools are: another project's CRD, which the cluster may lack.
+                try:
+                    children[(kind, child_name)] = self.kube.get_custom(
+                        LWS_API_VERSION, LWS_PLURAL, namespace, child_name
+                    )
+                except ResourceMissing as missing:
+                    group_crd_missing = str(missing)
             elif kind != "Secret":  # the operator never reads Secrets; it learns whose one is when writing
                 children[(kind, child_name)] = self._child(child["apiVersion"], kind, namespace, child_name)
         seed_jobs = self.cache.of_instance(
@@ -92,9 +101,7 @@ class Observer:
             unlabelled = children.pop(("Job", seed_name))
             if unlabelled is not None and all(j["metadata"]["name"] != seed_name for j in seed_jobs):
                 seed_jobs.append(unlabelled)
-        pods = self.cache.of_instance(
-            "Pod", namespace, name, lambda pod: created_by_deployment(pod, deployment_name(name))
-        )
+        pods = self.cache.of_instance("Pod", namespace, name, lambda pod: runs_replicas(pod, svc))
         seed_job = next((j for j in seed_jobs if j["metadata"]["name"] == seed_name), None)
         seed_pods = (
             self.cache.of_instance("Pod", namespace, name, labels_match({JOB_NAME_LABEL: seed_name}))
@@ -150,6 +157,7 @@ class Observer:
             programs_image=self.programs_image,
             now=now_rfc3339(),
             inference_pool_crd_missing=pool_crd_missing,
+            group_crd_missing=group_crd_missing,
             stale_inference_pool=stale_pool,
             warming=warming,
             node_warmer=warmer,

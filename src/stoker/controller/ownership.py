@@ -46,6 +46,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from stoker.api import VLLMService
 from stoker.render import (
     CACHE_OWNER_ANNOTATION,
     CACHE_OWNER_SIGNATURE_ANNOTATION,
@@ -56,7 +57,9 @@ from stoker.render import (
     SEEDED_AT_ANNOTATION,
     SEEDED_KEY_ANNOTATION,
     SEEDED_SIGNATURE_ANNOTATION,
+    deployment_name,
 )
+from stoker.render.group import LWS_NAME_LABEL, multi_node
 
 Manifest = dict[str, Any]
 # How far a claim's creationTimestamp may be from the time its create was signed at: request latency and
@@ -258,6 +261,24 @@ def created_by_deployment(pod: Manifest, deployment_name: str) -> bool:
         and ref.get("name") == f"{deployment_name}-{template_hash}"
         for ref in pod["metadata"].get("ownerReferences") or []
     )
+
+
+def created_by_group(pod: Manifest, group_name: str) -> bool:
+    """A pod of the LeaderWorkerSet's groups: a leader, of its StatefulSet `<group>`, or a worker, of a
+    group's StatefulSet `<group>-<index>`, labelled with the LeaderWorkerSet's name as LWS labels them."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(LWS_NAME_LABEL) == group_name and any(
+        ref.get("kind") == "StatefulSet"
+        and ref.get("controller")
+        and (ref.get("name") == group_name or str(ref.get("name")).startswith(f"{group_name}-"))
+        for ref in pod["metadata"].get("ownerReferences") or []
+    )
+
+
+def runs_replicas(pod: Manifest, svc: VLLMService) -> bool:
+    """A pod of the service's Deployment, or of its LeaderWorkerSet (a multi-node service)."""
+    name = deployment_name(svc.name)
+    return created_by_group(pod, name) if multi_node(svc) else created_by_deployment(pod, name)
 
 
 @dataclass(frozen=True)

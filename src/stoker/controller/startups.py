@@ -35,7 +35,7 @@ from stoker.controller.act import api_error_message
 from stoker.controller.cache import ObjectCache, labels_match
 from stoker.controller.coefficients import CoefficientStore, RecordOutcome
 from stoker.controller.conditions import now_rfc3339
-from stoker.controller.kube import Kube, Manifest
+from stoker.controller.kube import Kube, Manifest, ResourceMissing
 from stoker.controller.objects import (
     facts_json,
     job_outcome,
@@ -44,9 +44,10 @@ from stoker.controller.objects import (
     parse_time,
     pod_is_ready,
     still_running,
+    template_hash,
 )
 from stoker.controller.observe import JOB_NAME_LABEL
-from stoker.controller.ownership import created_by_deployment, owned_by
+from stoker.controller.ownership import owned_by, runs_replicas
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
 from stoker.inpod.facts import FACTS_LOG_PREFIX
@@ -67,6 +68,8 @@ from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_se
 from stoker.predict.settings import logged_settings
 from stoker.render import (
     CACHE_KEY_LABEL,
+    COMPONENT_LABEL,
+    COMPONENT_SERVER,
     Role,
     cache_key,
     deployment_name,
@@ -74,6 +77,7 @@ from stoker.render import (
     seed_wanted,
     short_cache_key,
 )
+from stoker.render.group import LWS_API_VERSION, LWS_PLURAL, multi_node
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,14 @@ def log_retry_in(failures: int) -> float | None:
     if failures >= LOG_READ_ATTEMPTS:
         return None
     return min(LOG_RETRY_SECONDS * 2 ** (failures - 1), LOG_RETRY_MAX_SECONDS)
+
+
+def _serves(pod: Manifest, svc: VLLMService) -> bool:
+    """A serving pod whose start is recorded: of the Deployment, or a group's leader (a multi-node
+    replica's start is its leader's: the leader's engine answers only once every rank has loaded and
+    compiled, so its start ends with the slowest rank's)."""
+    labels = pod["metadata"].get("labels") or {}
+    return runs_replicas(pod, svc) and labels.get(COMPONENT_LABEL) == COMPONENT_SERVER
 
 
 @dataclass(frozen=True)
@@ -200,9 +212,7 @@ class StartupRecorder:
                 seed_job = job
                 # Before the reconcile writes it down: the prediction is for a seeded cache at once.
                 seeded = seeded or job_outcome(job) == "succeeded"
-        pods = self.cache.of_instance(
-            "Pod", namespace, name, lambda pod: created_by_deployment(pod, deployment_name(name))
-        )
+        pods = self.cache.of_instance("Pod", namespace, name, lambda pod: _serves(pod, svc))
         startup, new_starts, unread = self._collect(body, pods, before, seed_job, svc)
         self._learn_and_expect(body, svc, startup, new_starts, seeding, seeded)
         if startup.get("last") and not still_running(startup["last"], pods):
@@ -286,8 +296,15 @@ class StartupRecorder:
         return startup, parsed, unread
 
     def _deployment_is_stokers(self, body: Manifest, svc: VLLMService) -> bool:
-        deployment = self.cache.get("Deployment", str(svc.namespace), deployment_name(svc.name))
-        return deployment is not None and owned_by(deployment, body["metadata"]["uid"])
+        namespace, name = str(svc.namespace), deployment_name(svc.name)
+        if multi_node(svc):  # not watched (observe.py): read once per new Ready leader
+            try:
+                workload = self.kube.get_custom(LWS_API_VERSION, LWS_PLURAL, namespace, name)
+            except ResourceMissing:
+                return False
+        else:
+            workload = self.cache.get("Deployment", namespace, name)
+        return workload is not None and owned_by(workload, body["metadata"]["uid"])
 
     def _startup_record(
         self, body: Manifest, pod: Manifest, container: Manifest, role: Role, engine_version: str
@@ -359,7 +376,7 @@ class StartupRecorder:
             "engineVersion": timeline.engine_version,
             "phases": {phase: round(seconds, 2) for phase, seconds in phases.items()},
             "cacheKey": pod["metadata"].get("labels", {}).get(CACHE_KEY_LABEL),
-            "podTemplateHash": pod["metadata"].get("labels", {}).get("pod-template-hash"),
+            "podTemplateHash": template_hash(pod),
             "finishedAt": now_rfc3339(),
             "gpuProduct": self._gpu_product(pod),
         }

@@ -29,6 +29,9 @@ def build_serving(
     return build(svc, replicas=replicas, programs_image=programs_image)
 
 
+SERVING_KINDS = ("Deployment", LWS_KIND)
+
+
 def serving_kind(svc: VLLMService) -> str:
     return LWS_KIND if multi_node(svc) else "Deployment"
 
@@ -45,7 +48,8 @@ def render_children(
     LeaderWorkerSet (build_serving), Service, with `warming` (the operator's decision for
     coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, and with spec.inferencePool
     the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
-    overrides the Deployment's (or LeaderWorkerSet's) replicas (the controller passes 0 while a gated seed runs);
+    overrides the Deployment's or LeaderWorkerSet's replicas (the controller passes 0 while a gated seed
+    runs);
     `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
     service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
     image, by default of this version)."""
