@@ -393,7 +393,8 @@ _NO_DATA_PARALLEL_ACROSS_NODES = (
     " with pipeline or tensor parallel (each data-parallel rank of a group would need its own start rank)"
 )
 # CEL of the effective sizes (the properties of RuntimeSpec below).
-_TP_CEL = "(has(self.tensorParallelSize) ? self.tensorParallelSize : self.gpus)"
+_GPUS_CEL = "(has(self.gpus) ? self.gpus : 1)"
+_TP_CEL = f"(has(self.tensorParallelSize) ? self.tensorParallelSize : {_GPUS_CEL})"
 _DP_CEL = "(has(self.dataParallelSize) ? self.dataParallelSize : 1)"
 _PP_CEL = (
     "(has(self.pipelineParallelSize) ? self.pipelineParallelSize"
@@ -429,17 +430,17 @@ class RuntimeSpec(_Model):
         json_schema_extra=_validations(
             _cel(
                 f"{_NODES_CEL} > 1 || !has(self.tensorParallelSize)"
-                " || self.gpus % self.tensorParallelSize == 0",
+                f" || {_GPUS_CEL} % self.tensorParallelSize == 0",
                 _TP_DIVIDES_GPUS,
                 ".tensorParallelSize",
             ),
             _cel(
-                f"{_NODES_CEL} > 1 || self.gpus % ({_TP_CEL} * {_PP_CEL} * {_DP_CEL}) == 0",
+                f"{_NODES_CEL} > 1 || {_GPUS_CEL} % ({_TP_CEL} * {_PP_CEL} * {_DP_CEL}) == 0",
                 _LAYOUT_ON_ONE_NODE,
                 ".gpus",
             ),
             _cel(
-                f"{_NODES_CEL} == 1 || {_TP_CEL} * {_PP_CEL} * {_DP_CEL} == self.gpus * {_NODES_CEL}",
+                f"{_NODES_CEL} == 1 || {_TP_CEL} * {_PP_CEL} * {_DP_CEL} == {_GPUS_CEL} * {_NODES_CEL}",
                 _LAYOUT_ACROSS_NODES,
                 ".nodesPerReplica",
             ),

@@ -1,0 +1,205 @@
+"""A replica across nodes on the real control plane with the real LeaderWorkerSet controller (sigs.k8s.io/lws,
+built from the Go module proxy by hack/lws, its webhooks called by the API server): the objects stoker
+renders, the seed of the group's topology, the group's status, and a rank's pod killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+HACK_LWS = REPO / "hack" / "lws"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+@pytest.fixture(scope="module")
+def lws(cluster: Cluster) -> Iterator[None]:
+    """LWS's CRD and controller against the test cluster (hack/lws up), its webhooks on a port of its own."""
+    if shutil.which("go"):
+        build = subprocess.run(
+            [str(HACK_LWS), "build"], env=cluster.env, capture_output=True, text=True, timeout=1800
+        )
+        if build.returncode != 0:
+            message = f"hack/lws build failed:\n{build.stderr[-3000:]}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    elif not (cluster.bin_dir / "lws").exists():
+        pytest.skip(f"lws missing in {cluster.bin_dir} and no go to build it (hack/lws build)")
+    # hack/cluster takes six ports from the base; LWS takes three more, well clear of them.
+    port = int(os.environ.get("STOKER_TEST_PORT_BASE", "24790")) + 20
+    subprocess.run(
+        [str(HACK_LWS), "up", str(cluster.work_dir), str(port)], env=cluster.env, check=True, timeout=180
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(
+            [str(HACK_LWS), "down", str(cluster.work_dir)], env=cluster.env, check=False, timeout=60
+        )
+
+
+def group_service(name: str, nodes: int, **cold_start: object) -> dict:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-30B-A3B"},
+            # Every fake node has 8 GPUs: one pod of a group per node.
+            "runtime": {"replicas": 1, "gpus": 8, "nodesPerReplica": nodes, "expertParallel": True},
+            "coldStart": cold_start,
+        },
+    }
+
+
+def apply(kubectl, namespace: str, manifest: dict) -> None:
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
+
+
+def owned_by(obj: dict, owner: dict) -> bool:
+    return any(ref["uid"] == owner["metadata"]["uid"] for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def group_pods(kubectl, namespace: str, name: str) -> list[dict]:
+    pods = get_json(kubectl, "-n", namespace, "pods", "-l", f"{LWS_NAME}={name}")["items"]
+    return sorted(
+        (pod for pod in pods if not pod["metadata"].get("deletionTimestamp")),
+        key=lambda pod: pod["metadata"]["name"],
+    )
+
+
+def engine_args(pod: dict) -> list[str]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "vllm")["args"]
+
+
+def test_a_group_is_seeded_in_its_topology_served_and_recreated_whole(namespace, kubectl, operator, lws):
+    apply(kubectl, namespace, group_service("group", nodes=2))
+    svc = wait_ready(kubectl, namespace, "group", timeout=180)
+    key = svc["status"]["cache"]["key"][:10]
+
+    # The seed: one pod per node of the group, each its node rank, the leader's address in DNS.
+    job = get_json(kubectl, "-n", namespace, "job", f"group-seed-{key}")
+    assert job and owned_by(job, svc)
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (2, 2)
+    assert job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    assert any(c["type"] in ("Complete", "SuccessCriteriaMet") for c in job["status"]["conditions"])
+    assert condition(svc, "CacheSeeded")["status"] == "True"
+    seed_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert seed_args[seed_args.index("--group-worker") + 1 :][:2] == ["JOB_COMPLETION_INDEX", "--headless"]
+    assert seed_args[-6:] == [
+        "--node-rank",
+        "$(JOB_COMPLETION_INDEX)",
+        "--master-addr",
+        f"group-seed-{key}-0.group-seed",
+        "--master-port",
+        "29500",
+    ]
+    seed_service = get_json(kubectl, "-n", namespace, "service", "group-seed")
+    assert seed_service["spec"]["clusterIP"] == "None" and owned_by(seed_service, svc)
+    assert job["spec"]["template"]["spec"]["subdomain"] == "group-seed"
+
+    # The group: a LeaderWorkerSet of stoker's, no Deployment.
+    lws_obj = get_json(kubectl, "-n", namespace, "leaderworkerset", "group")
+    assert lws_obj and owned_by(lws_obj, svc)
+    template = lws_obj["spec"]["leaderWorkerTemplate"]
+    assert (template["size"], template["restartPolicy"]) == (2, "RecreateGroupOnPodRestart")
+    assert lws_obj["spec"]["startupPolicy"] == "LeaderCreated"
+    assert kubectl("-n", namespace, "get", "deployment", "group", check=False).returncode != 0
+    assert lws_obj["status"]["readyReplicas"] == 1
+    assert svc["status"]["readyReplicas"] == 1 and svc["status"]["ready"] == "1/1"
+
+    leader, worker = group_pods(kubectl, namespace, "group")
+    assert (leader["metadata"]["labels"][WORKER_INDEX], worker["metadata"]["labels"][WORKER_INDEX]) == (
+        "0",
+        "1",
+    )
+    assert leader["spec"]["nodeName"] != worker["spec"]["nodeName"]
+    # LWS's pod webhook ran: the variables the ranks' flags name are there.
+    worker_env = {e["name"] for e in worker["spec"]["containers"][0]["env"]}
+    assert {"LWS_LEADER_ADDRESS", "LWS_WORKER_INDEX", "LWS_GROUP_SIZE"} <= worker_env
+    for pod in (leader, worker):
+        args = engine_args(pod)
+        assert args[args.index("--nnodes") + 1] == "2" and "--enable-expert-parallel" in args
+        assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+        assert args[args.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+    assert engine_args(leader)[engine_args(leader).index("--node-rank") + 1] == "0"
+    assert engine_args(worker)[-1] == "--headless" and "$(LWS_WORKER_INDEX)" in engine_args(worker)
+    assert "readinessProbe" in leader["spec"]["containers"][0]
+    assert "readinessProbe" not in worker["spec"]["containers"][0]
+    # Only the leader serves: the Service selects it, not the headless rank.
+    selector = get_json(kubectl, "-n", namespace, "service", "group")["spec"]["selector"]
+    assert all(leader["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert not all(worker["metadata"]["labels"].get(k) == v for k, v in selector.items())
+
+    # A rank's pod killed: LWS recreates the whole group (RecreateGroupOnPodRestart), the leader too.
+    kubectl("-n", namespace, "delete", "pod", worker["metadata"]["name"], "--wait=false")
+
+    def recreated() -> bool:
+        pods = group_pods(kubectl, namespace, "group")
+        return len(pods) == 2 and pods[0]["metadata"]["uid"] != leader["metadata"]["uid"]
+
+    wait_for(recreated, timeout=120, what="the group's leader recreated after a worker was deleted")
+    wait_for(
+        lambda: (
+            (get_json(kubectl, "-n", namespace, "leaderworkerset", "group")["status"].get("readyReplicas"))
+            == 1
+        ),
+        timeout=120,
+        what="the recreated group ready",
+    )
+    svc = wait_ready(kubectl, namespace, "group", timeout=120)
+    assert svc["status"]["readyReplicas"] == 1
+
+
+def test_a_group_with_a_rank_that_cannot_run_is_not_ready(namespace, kubectl, operator, lws):
+    # Three pods of 8 GPUs on two fake nodes of 8: the leader and one worker run (kwok makes them Ready),
+    # the third rank stays Pending, so the group is not ready, and neither is the service.
+    apply(kubectl, namespace, group_service("stuck", nodes=3, seed={"enabled": False}))
+
+    def pending_rank() -> dict | None:
+        pods = group_pods(kubectl, namespace, "stuck")
+        pending = [pod for pod in pods if pod["status"].get("phase") == "Pending"]
+        ready = [pod for pod in pods if condition(pod, "Ready").get("status") == "True"]
+        return pods[0] if len(pods) == 3 and len(pending) == 1 and len(ready) == 2 else None
+
+    leader = wait_for(pending_rank, timeout=120, what="two ranks Ready and one Pending")
+    assert leader["metadata"]["labels"][WORKER_INDEX] == "0"
+
+    def reported() -> dict | None:
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", "stuck")
+        degraded = condition(svc, "Degraded")
+        return svc if degraded.get("reason") == "Unschedulable" else None
+
+    svc = wait_for(reported, timeout=120, what="Degraded=Unschedulable")
+    assert condition(svc, "Ready")["status"] == "False"
+    assert svc["status"]["readyReplicas"] == 0 and svc["status"]["ready"] == "0/1"
+    assert not get_json(kubectl, "-n", namespace, "leaderworkerset", "stuck")["status"].get("readyReplicas")
+
+
+def test_cold_start_features_that_cannot_span_nodes_are_refused_naming_the_field(namespace, kubectl, crd):
+    cases = {
+        "spec.coldStart.standby": {"standby": {"replicas": 1}},
+        "spec.coldStart.compileCache.accessMode": {"compileCache": {"accessMode": "ReadWriteOnce"}},
+    }
+    for field, cold_start in cases.items():
+        manifest = group_service("refused", nodes=2, **cold_start)
+        result = kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest), check=False)
+        assert result.returncode != 0 and field in result.stderr, result.stderr
+    manifest = group_service("refused", nodes=2)
+    manifest["spec"]["runtime"]["tensorParallelSize"] = 4
+    result = kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest), check=False)
+    assert result.returncode != 0 and "spec.runtime.nodesPerReplica" in result.stderr, result.stderr
