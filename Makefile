@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build epp-build lws-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -27,6 +27,11 @@ cluster-build:
 epp-build:
 	hack/epp build
 
+# The LeaderWorkerSet controller (sigs.k8s.io/lws), for tests/e2e/test_multinode.py (8 min cold on 2 cores,
+# seconds when present); the demo does not use it.
+lws-build:
+	hack/lws build
+
 # Real vLLM (CPU build) of stoker's default version, for the live-engine e2e test; reused once installed.
 vllm-venv: venv
 	hack/vllm-venv $$($(BIN)/python -m bench.conformance.versions)
@@ -44,7 +49,7 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv cluster-build epp-build vllm-venv
+e2e: venv cluster-build epp-build lws-build vllm-venv
 	$(BIN)/pytest tests/e2e
 
 # stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
@@ -53,7 +58,7 @@ conformance-flags: venv
 		tests/conformance/test_serve_options.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
-test: venv cluster-build epp-build vllm-venv lint
+test: venv cluster-build epp-build lws-build vllm-venv lint
 	$(BIN)/pytest tests
 
 # Every example against every vLLM version in bench/conformance/versions.py (about 15 min per CPU version

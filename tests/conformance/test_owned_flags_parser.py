@@ -41,6 +41,8 @@ from stoker.api.flags import (
     API_KEY_FLAG,
     JSON_LONG_FLAGS,
     JSON_SHORT_FLAGS,
+    LAYOUT_LONG_FLAGS,
+    LAYOUT_SHORT_FLAGS,
     OWNED_JSON_KEYS,
     OWNED_LONG_FLAGS,
     OWNED_SHORT_FLAGS,
@@ -69,6 +71,14 @@ OWNED_DESTS = {
     "max_cudagraph_capture_size",
     "enforce_eager",
     "enable_sleep_mode",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "enable_expert_parallel",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "headless",
     *(f"{JSON_FLAG_DEST}.{key}" for key in OWNED_JSON_KEYS),
 }
 STANDBY_ONLY_DESTS = {"api_key"}
@@ -89,6 +99,12 @@ VALUES = {
     "max-cudagraph-capture-size": "8",
     "compilation-config": '{"cudagraph_mode": "NONE", "max_cudagraph_capture_size": 8}',
     "api-key": "secret",
+    "pipeline-parallel-size": "2",
+    "data-parallel-size": "2",
+    "nnodes": "2",
+    "node-rank": "1",
+    "master-addr": "10.0.0.9",
+    "master-port": "29501",
 }
 OWNED_JSON = VALUES["compilation-config"]
 # Issue 23, item 5: `-O` with JSON or a key after it, older vLLM's capture-sizes flag, owned compilation keys
@@ -150,13 +166,13 @@ def rendered_argv(standby: bool) -> list[str]:
 
 def candidates(config_file: Path) -> list[list[str]]:
     spellings: list[list[str]] = [["128"], ["-1"], ["--", "8"], ["--port=9001\n"], ["--port", " 9001"]]
-    for name in (*OWNED_LONG_FLAGS, *JSON_LONG_FLAGS, API_KEY_FLAG):
+    for name in (*OWNED_LONG_FLAGS, *LAYOUT_LONG_FLAGS, *JSON_LONG_FLAGS, API_KEY_FLAG):
         value = str(config_file) if name == "config" else VALUES.get(name, "x")
         for end in range(1, len(name) + 1):
             for prefix in {name[:end], name[:end].replace("-", "_")}:
                 flag = f"--{prefix}"
                 spellings += [[flag], [flag, value], [f"{flag}={value}"]]
-    for name in OWNED_SHORT_FLAGS:
+    for name in (*OWNED_SHORT_FLAGS, *LAYOUT_SHORT_FLAGS):
         for end in range(1, len(name) + 1):
             flag = f"-{name[:end]}"
             spellings += [[flag, "2"], [f"{flag}=2"], [f"{flag}2"], [f"{flag}.x=2"]]
@@ -296,8 +312,8 @@ def test_every_option_of_vllms_parser_that_reaches_an_owned_value_is_refused(
     )
     assert not unrefused, f"vLLM {version} reads these as owned options, stoker accepts them: {unrefused}"
     # stoker's list is complete: each option string that reaches an owned value is one that it names.
-    listed = {f"--{name}" for name in (*OWNED_LONG_FLAGS, *JSON_LONG_FLAGS)}
-    listed |= {f"-{name}" for name in (*OWNED_SHORT_FLAGS, *JSON_SHORT_FLAGS)}
+    listed = {f"--{name}" for name in (*OWNED_LONG_FLAGS, *LAYOUT_LONG_FLAGS, *JSON_LONG_FLAGS)}
+    listed |= {f"-{name}" for name in (*OWNED_SHORT_FLAGS, *LAYOUT_SHORT_FLAGS, *JSON_SHORT_FLAGS)}
     assert set(reaching) <= listed, f"vLLM {version}: not in stoker's list: {set(reaching) - listed}"
     # And no more: of the release's own option strings, stoker refuses only those it lists.
     refused = {string for string in every_string if sets_owned_flag(string)}

@@ -50,8 +50,11 @@ OWNED_LONG_FLAGS = (
     # Standby needs sleep mode; 0.33 also spells its negation --disable-sleep-mode.
     "no-enable-sleep-mode",
     "disable-sleep-mode",
-    # The parallel layout (runtime.pipelineParallelSize, dataParallelSize, expertParallel) and a
-    # multi-node group's ranks (runtime.nodesPerReplica): GPUs, pods and ranks must agree.
+)
+# The parallel layout (runtime.pipelineParallelSize, dataParallelSize, expertParallel) and a multi-node
+# group's ranks (runtime.nodesPerReplica): GPUs, pods and ranks must agree. A CEL rule of their own: in one
+# with the flags above, the API server's cost estimate of the regex over 64 arguments is over its budget.
+LAYOUT_LONG_FLAGS = (
     "pipeline-parallel-size",
     "data-parallel-size",
     "enable-expert-parallel",
@@ -62,7 +65,8 @@ OWNED_LONG_FLAGS = (
     "master-port",
     "headless",
 )
-OWNED_SHORT_FLAGS = ("tp", "pp", "dp", "ep", "n", "r")
+OWNED_SHORT_FLAGS = ("tp",)
+LAYOUT_SHORT_FLAGS = ("pp", "dp", "ep", "n", "r")
 # JSON-valued flags: the whole JSON value could set anything and is denied; dotted keys
 # (`-cc.pass_config.fuse_norm_quant=true`) pass unless they name a key stoker owns.
 JSON_LONG_FLAGS = ("compilation-config",)
@@ -97,8 +101,15 @@ def _owned_spellings() -> list[str]:
         # `--` alone and `--=x` too: argparse ends the options there, after stoker's list-valued flags.
         f"--({_prefixes(OWNED_LONG_FLAGS)})?([=.].*)?",
         f"-({_prefixes(OWNED_SHORT_FLAGS)})([=.].*)?",
+    ]
+
+
+def _layout_spellings() -> list[str]:
+    return [
+        f"--({_prefixes(LAYOUT_LONG_FLAGS)})([=.].*)?",
+        f"-({_prefixes(LAYOUT_SHORT_FLAGS)})([=.].*)?",
         # argparse reads a one-letter option's value joined to it: `-n2` is `--nnodes 2`.
-        f"-({'|'.join(flag for flag in OWNED_SHORT_FLAGS if len(flag) == 1)}).+",
+        f"-({'|'.join(flag for flag in LAYOUT_SHORT_FLAGS if len(flag) == 1)}).+",
     ]
 
 
@@ -123,18 +134,19 @@ def _whole(spellings: list[str]) -> str:
 
 
 OWNED_FLAG_REGEX = _whole([*_owned_spellings(), *_json_spellings(), _optimization_spellings()])
+LAYOUT_FLAG_REGEX = _whole(_layout_spellings())
 API_KEY_REGEX = _whole([f"--({_prefixes((API_KEY_FLAG,))})([=.].*)?"])
 # The first extra argument follows stoker's own flags; a bare value there would extend one of them
 # (`--cudagraph-capture-sizes 1 2 4` takes a list).
 FIRST_ARG_REGEX = "^--?[A-Za-z]"
 
-_OWNED = re.compile(OWNED_FLAG_REGEX)
+_OWNED = (re.compile(OWNED_FLAG_REGEX), re.compile(LAYOUT_FLAG_REGEX))
 _API_KEY = re.compile(API_KEY_REGEX)
 
 
 def sets_owned_flag(arg: str) -> bool:
     """Whether vLLM's parser could read `arg` as a flag stoker owns (or one it cannot tell apart)."""
-    return _OWNED.fullmatch(arg) is not None
+    return any(regex.fullmatch(arg) is not None for regex in _OWNED)
 
 
 def sets_api_key(arg: str) -> bool:

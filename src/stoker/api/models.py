@@ -31,6 +31,9 @@ from stoker.api.flags import (
     FIRST_ARG_REGEX,
     JSON_LONG_FLAGS,
     JSON_SHORT_FLAGS,
+    LAYOUT_FLAG_REGEX,
+    LAYOUT_LONG_FLAGS,
+    LAYOUT_SHORT_FLAGS,
     OPTIMIZATION_LEVELS,
     OWNED_FLAG_REGEX,
     OWNED_JSON_KEYS,
@@ -403,8 +406,8 @@ _PP_CEL = (
 _NODES_CEL = "(has(self.nodesPerReplica) ? self.nodesPerReplica : 1)"
 _NO_OWNED_FLAGS = (
     "extraArgs must not set flags stoker owns, in any spelling or abbreviation vLLM accepts: "
-    + ", ".join(f"--{flag}" for flag in OWNED_LONG_FLAGS)
-    + "".join(f", -{flag}" for flag in OWNED_SHORT_FLAGS)
+    + ", ".join(f"--{flag}" for flag in (*OWNED_LONG_FLAGS, *LAYOUT_LONG_FLAGS))
+    + "".join(f", -{flag}" for flag in (*OWNED_SHORT_FLAGS, *LAYOUT_SHORT_FLAGS))
     + "".join(
         f", --{flag} or -{short} as a JSON value"
         for flag, short in zip(JSON_LONG_FLAGS, JSON_SHORT_FLAGS, strict=True)
@@ -447,6 +450,11 @@ class RuntimeSpec(_Model):
             _cel(f"{_NODES_CEL} == 1 || {_DP_CEL} == 1", _NO_DATA_PARALLEL_ACROSS_NODES, ".dataParallelSize"),
             _cel(
                 f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
+                _NO_OWNED_FLAGS,
+                ".extraArgs",
+            ),
+            _cel(
+                f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{LAYOUT_FLAG_REGEX}'))",
                 _NO_OWNED_FLAGS,
                 ".extraArgs",
             ),
