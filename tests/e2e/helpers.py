@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 120, what: str = "condition") -> Any:
@@ -71,3 +77,18 @@ def apply_namespace_policy(
 
 def delete_policy(kubectl: Callable[..., Any], name: str) -> None:
     kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name, check=False)
+
+
+def build_or_skip(script: Path, env: dict[str, str], wanted: list[Path]) -> None:
+    """`script build` (a hack/ script building Go binaries into hack/cluster's bin dir) if go is here; a
+    failed build fails the test in CI and skips it elsewhere, as does no go with `wanted` missing."""
+    name = f"hack/{script.name}"
+    if shutil.which("go"):
+        build = subprocess.run([str(script), "build"], env=env, capture_output=True, text=True, timeout=1800)
+        if build.returncode != 0:
+            message = f"{name} build failed:\n{build.stderr[-3000:]}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    elif not all(path.exists() for path in wanted):
+        pytest.skip(f"{', '.join(p.name for p in wanted)} missing and no go to build them ({name} build)")

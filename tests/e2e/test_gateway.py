@@ -15,8 +15,6 @@ from zero by making a pod active, as stoker does when it wakes a standby pod.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -32,7 +30,7 @@ from stoker.render import PORT
 from stoker.render.inferencepool import build_inference_pool
 from tests.conftest import REPO, Cluster, Kubectl
 from tests.e2e.fleet import Fleet, settled, standby_service
-from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.helpers import build_or_skip, get_json, wait_for
 from tests.fakevllm import FakeEngine, FakeEngineServer
 
 pytestmark = pytest.mark.e2e
@@ -53,18 +51,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def epp_bin(cluster: Cluster) -> Path:
     """hack/cluster's bin dir with epp and extproc-client: built by hack/epp build if go is here."""
-    wanted = [cluster.bin_dir / "epp", cluster.bin_dir / "extproc-client"]
-    if shutil.which("go"):
-        build = subprocess.run(
-            [str(HACK_EPP), "build"], env=cluster.env, capture_output=True, text=True, timeout=1800
-        )
-        if build.returncode != 0:
-            message = f"hack/epp build failed:\n{build.stderr[-3000:]}"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    elif not all(path.exists() for path in wanted):
-        pytest.skip(f"EPP binaries missing in {cluster.bin_dir} and no go to build them (hack/epp build)")
+    build_or_skip(HACK_EPP, cluster.env, [cluster.bin_dir / "epp", cluster.bin_dir / "extproc-client"])
     subprocess.run([str(HACK_EPP), "install-crds"], env=cluster.env, check=True, timeout=120)
     return cluster.bin_dir
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Cluster
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import build_or_skip, condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -27,17 +26,7 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 @pytest.fixture(scope="module")
 def lws(cluster: Cluster) -> Iterator[None]:
     """LWS's CRD and controller against the test cluster (hack/lws up), its webhooks on a port of its own."""
-    if shutil.which("go"):
-        build = subprocess.run(
-            [str(HACK_LWS), "build"], env=cluster.env, capture_output=True, text=True, timeout=1800
-        )
-        if build.returncode != 0:
-            message = f"hack/lws build failed:\n{build.stderr[-3000:]}"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    elif not (cluster.bin_dir / "lws").exists():
-        pytest.skip(f"lws missing in {cluster.bin_dir} and no go to build it (hack/lws build)")
+    build_or_skip(HACK_LWS, cluster.env, [cluster.bin_dir / "lws"])
     # hack/cluster takes six ports from the base; LWS takes three more, well clear of them.
     port = int(os.environ.get("STOKER_TEST_PORT_BASE", "24790")) + 20
     subprocess.run(
@@ -190,16 +179,30 @@ def test_a_group_with_a_rank_that_cannot_run_is_not_ready(namespace, kubectl, op
     assert not get_json(kubectl, "-n", namespace, "leaderworkerset", "stuck")["status"].get("readyReplicas")
 
 
-def test_cold_start_features_that_cannot_span_nodes_are_refused_naming_the_field(namespace, kubectl, crd):
-    cases = {
-        "spec.coldStart.standby": {"standby": {"replicas": 1}},
-        "spec.coldStart.compileCache.accessMode": {"compileCache": {"accessMode": "ReadWriteOnce"}},
+def test_hand_edits_of_the_group_are_undone_and_a_deleted_one_comes_back(namespace, kubectl, operator, lws):
+    apply(kubectl, namespace, group_service("drift", nodes=2, seed={"enabled": False}))
+    svc = wait_ready(kubectl, namespace, "drift", timeout=180)
+    patch = {
+        "spec": {
+            "replicas": 3,
+            "leaderWorkerTemplate": {"workerTemplate": {"metadata": {"labels": {"hand": "edit"}}}},
+        }
     }
-    for field, cold_start in cases.items():
-        manifest = group_service("refused", nodes=2, **cold_start)
-        result = kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest), check=False)
-        assert result.returncode != 0 and field in result.stderr, result.stderr
-    manifest = group_service("refused", nodes=2)
-    manifest["spec"]["runtime"]["tensorParallelSize"] = 4
-    result = kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest), check=False)
-    assert result.returncode != 0 and "spec.runtime.nodesPerReplica" in result.stderr, result.stderr
+    kubectl("-n", namespace, "patch", "leaderworkerset", "drift", "--type=merge", "-p", json.dumps(patch))
+
+    def undone() -> bool:
+        spec = get_json(kubectl, "-n", namespace, "leaderworkerset", "drift")["spec"]
+        labels = spec["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+        return spec["replicas"] == 1 and "hand" not in labels
+
+    wait_for(undone, timeout=60, what="replicas and the worker template as rendered again")
+
+    first_uid = get_json(kubectl, "-n", namespace, "leaderworkerset", "drift")["metadata"]["uid"]
+    kubectl("-n", namespace, "delete", "leaderworkerset", "drift", "--wait=false")
+
+    def recreated() -> dict | None:
+        lws_obj = get_json(kubectl, "-n", namespace, "leaderworkerset", "drift")
+        return lws_obj if lws_obj and lws_obj["metadata"]["uid"] != first_uid else None
+
+    assert owned_by(wait_for(recreated, timeout=60, what="the LeaderWorkerSet recreated"), svc)
+    wait_ready(kubectl, namespace, "drift", timeout=120)

@@ -448,15 +448,13 @@ class RuntimeSpec(_Model):
                 ".nodesPerReplica",
             ),
             _cel(f"{_NODES_CEL} == 1 || {_DP_CEL} == 1", _NO_DATA_PARALLEL_ACROSS_NODES, ".dataParallelSize"),
-            _cel(
-                f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_REGEX}'))",
-                _NO_OWNED_FLAGS,
-                ".extraArgs",
-            ),
-            _cel(
-                f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{LAYOUT_FLAG_REGEX}'))",
-                _NO_OWNED_FLAGS,
-                ".extraArgs",
+            *(
+                _cel(
+                    f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{regex}'))",
+                    _NO_OWNED_FLAGS,
+                    ".extraArgs",
+                )
+                for regex in (OWNED_FLAG_REGEX, LAYOUT_FLAG_REGEX)
             ),
             _cel(
                 f"!has(self.extraArgs) || size(self.extraArgs) == 0"
