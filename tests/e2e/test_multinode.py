@@ -196,6 +196,10 @@ def test_hand_edits_of_the_group_are_undone_and_a_deleted_one_comes_back(namespa
         return spec["replicas"] == 1 and "hand" not in labels
 
     wait_for(undone, timeout=60, what="replicas and the worker template as rendered again")
+    # A group does not turn into a Deployment in place: the API server refuses the edit, naming the field.
+    one_node = json.dumps({"spec": {"runtime": {"nodesPerReplica": 1}}})
+    refused = kubectl("-n", namespace, "patch", "vsvc", "drift", "--type=merge", "-p", one_node, check=False)
+    assert refused.returncode != 0 and "spec.runtime.nodesPerReplica" in refused.stderr, refused.stderr
 
     first_uid = get_json(kubectl, "-n", namespace, "leaderworkerset", "drift")["metadata"]["uid"]
     kubectl("-n", namespace, "delete", "leaderworkerset", "drift", "--wait=false")

@@ -89,16 +89,14 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: ["stoker.dev"]
   resources: ["vllmservices/finalizers"]
   verbs: ["update"]
-# delete: when runtime.nodesPerReplica moves a service between a Deployment and a LeaderWorkerSet, the
-# workload it no longer renders goes (its own only).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # runtime.nodesPerReplica above 1: the LeaderWorkerSet, read with a GET per reconcile (its CRD may be
-# missing, so it is not watched), and deleted as above. Its pods are created by LWS's controller.
+# missing, so it is not watched); its pods are created by LWS's controller.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
 # coldStart.nodeWarming: the warmer DaemonSet, deleted when warming is skipped or turned off.
 - apiGroups: ["apps"]
   resources: ["daemonsets"]

@@ -391,6 +391,10 @@ _LAYOUT_ACROSS_NODES = (
     f"with nodesPerReplica above 1, {_RANKS} must equal gpus x nodesPerReplica (every GPU of the group"
     " holds one rank; pipelineParallelSize defaults to nodesPerReplica, tensorParallelSize to gpus)"
 )
+_NODES_KIND_FIXED = (
+    "nodesPerReplica cannot change between 1 and above 1: a replica on one node is a Deployment, one across"
+    " nodes a LeaderWorkerSet; delete the VLLMService and create it again"
+)
 _NO_DATA_PARALLEL_ACROSS_NODES = (
     "dataParallelSize above 1 is not supported with nodesPerReplica above 1: spread a replica across nodes"
     " with pipeline or tensor parallel (each data-parallel rank of a group would need its own start rank)"
@@ -448,6 +452,13 @@ class RuntimeSpec(_Model):
                 ".nodesPerReplica",
             ),
             _cel(f"{_NODES_CEL} == 1 || {_DP_CEL} == 1", _NO_DATA_PARALLEL_ACROSS_NODES, ".dataParallelSize"),
+            # A transition rule (oldSelf): the API server checks it on updates only; stoker would otherwise
+            # have to delete the workload of the other kind, which it is not allowed to.
+            _cel(
+                f"({_NODES_CEL.replace('self', 'oldSelf')} > 1) == ({_NODES_CEL} > 1)",
+                _NODES_KIND_FIXED,
+                ".nodesPerReplica",
+            ),
             *(
                 _cel(
                     f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{regex}'))",

@@ -128,9 +128,6 @@ class Snapshot:
     group_crd_missing: str | None = None
     # spec.inferencePool unset but status names a pool: that pool as read, to delete if stoker's.
     stale_inference_pool: Manifest | None = None
-    # The serving workload of the other kind (a Deployment for a multi-node service, a LeaderWorkerSet for
-    # one of a node), as read: runtime.nodesPerReplica changed, and it goes if it is stoker's.
-    stale_workload: Manifest | None = None
     # coldStart.nodeWarming enabled: whether this service warms its nodes, or why not (controller/warming.py).
     warming: Verdict | None = None
     # The live node warmer DaemonSet, if the watch cache has one of this service (also when not rendered:
@@ -346,8 +343,6 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     stale_pool = snap.stale_inference_pool
     if stale_pool is not None and owned_by(stale_pool, uid):  # spec.inferencePool was unset
         plan.deletions.append(stale_pool)
-    if snap.stale_workload is not None and owned_by(snap.stale_workload, uid):
-        plan.deletions.append(snap.stale_workload)
     warmer = snap.node_warmer
     if (
         warmer is not None

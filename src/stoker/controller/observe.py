@@ -29,13 +29,12 @@ from stoker.render import (
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_PLURAL,
     cache_pvc_name,
-    deployment_name,
     node_warmer_name,
     render_children,
     seed_job_name,
     short_cache_key,
 )
-from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_NAME_LABEL, LWS_PLURAL, multi_node
+from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_PLURAL
 from stoker.render.nodewarmer import node_warmer_selector_labels
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -136,7 +135,6 @@ class Observer:
         if svc.spec.inference_pool is None and isinstance(kept_pool, str) and kept_pool:
             with contextlib.suppress(ResourceMissing):  # the CRD went, and the pool with it
                 stale_pool = self._inference_pool(namespace, kept_pool)
-        stale_workload = self._stale_workload(svc)
         warmer = self.cache.get("DaemonSet", namespace, node_warmer_name(name))
         warmer_pods = (
             self.cache.of_instance("Pod", namespace, name, labels_match(node_warmer_selector_labels(name)))
@@ -160,7 +158,6 @@ class Observer:
             now=now_rfc3339(),
             inference_pool_crd_missing=pool_crd_missing,
             group_crd_missing=group_crd_missing,
-            stale_workload=stale_workload,
             stale_inference_pool=stale_pool,
             warming=warming,
             node_warmer=warmer,
@@ -187,19 +184,6 @@ class Observer:
 
     def _candidate(self, svc: VLLMService) -> Candidate:
         return candidate(svc, self.cache.claim_capacity(str(svc.namespace), weights_claim(svc)))
-
-    def _stale_workload(self, svc: VLLMService) -> Manifest | None:
-        """The serving workload of the kind the spec no longer renders, if one of this name is there: the
-        Deployment from the watch cache, the LeaderWorkerSet read only while pods of it are cached."""
-        namespace, name = str(svc.namespace), deployment_name(svc.name)
-        if multi_node(svc):
-            return self.cache.get("Deployment", namespace, name)
-        group_pods = self.cache.of_instance("Pod", namespace, svc.name, labels_match({LWS_NAME_LABEL: name}))
-        if not group_pods:
-            return None
-        with contextlib.suppress(ResourceMissing):
-            return self.kube.get_custom(LWS_API_VERSION, LWS_PLURAL, namespace, name)
-        return None
 
     def _inference_pool(self, namespace: str, name: str) -> Manifest | None:
         """An InferencePool, read with a GET: its CRD may be missing, and kopf would watch a missing
