@@ -237,6 +237,8 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("stoker.dev", "vllmservices/scale")] == {"get", "update"}
     # coldStart.nodeWarming: the warmer DaemonSets, deleted again when warming is skipped or turned off.
     assert verbs[("apps", "daemonsets")] == {"get", "list", "watch", "create", "patch", "delete"}
+    # runtime.nodesPerReplica: the LeaderWorkerSet, read per pass (its CRD may be missing), never deleted.
+    assert verbs[("leaderworkerset.x-k8s.io", "leaderworkersets")] == {"get", "create", "patch"}
     for rule in rules:  # status and finalizers have rules of their own
         if any("/" in resource for resource in rule["resources"]):
             assert len(rule["resources"]) == 1, rule

@@ -88,7 +88,8 @@ def test_a_group_is_seeded_in_its_topology_served_and_recreated_whole(namespace,
     assert any(c["type"] in ("Complete", "SuccessCriteriaMet") for c in job["status"]["conditions"])
     assert condition(svc, "CacheSeeded")["status"] == "True"
     seed_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert seed_args[seed_args.index("--group-worker") + 1 :][:2] == ["JOB_COMPLETION_INDEX", "--headless"]
+    at = seed_args.index("--group-worker")
+    assert seed_args[at + 1 : at + 3] == ["JOB_COMPLETION_INDEX", "--worker-arg=--headless"]
     assert seed_args[-6:] == [
         "--node-rank",
         "$(JOB_COMPLETION_INDEX)",

@@ -168,10 +168,8 @@ def test_the_seed_runs_the_groups_layout_one_pod_per_node() -> None:
     seed_args = engine_args(spec["template"]["spec"])
     assert flag_value(seed_args, "--node-rank") == "$(JOB_COMPLETION_INDEX)"
     assert flag_value(seed_args, "--master-addr") == f"{job['metadata']['name']}-0.moe-seed"
-    assert seed_args[seed_args.index("--group-worker") + 1 : seed_args.index("--group-worker") + 3] == [
-        "JOB_COMPLETION_INDEX",
-        "--headless",
-    ]
+    at = seed_args.index("--group-worker")
+    assert seed_args[at + 1 : at + 3] == ["JOB_COMPLETION_INDEX", "--worker-arg=--headless"]
     # The same layout as serving: the args vLLM hashes agree, apart from the weights loader.
     profile = svc.spec.runtime.engine_profile
     serve = key_relevant_args(engine_invocation(svc, "serve").args, profile)

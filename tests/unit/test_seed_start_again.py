@@ -139,3 +139,31 @@ def test_the_seed_says_which_model_path_is_missing_before_any_server_starts(
     assert result.returncode == MODEL_PATH_MISSING_EXIT
     assert result.stdout.splitlines()[-1] == f"{MODEL_PATH_MISSING_LINE} {missing}"
     assert not starts.exists()
+
+
+def test_a_group_seeds_worker_index_runs_its_rank_headless_without_emptying(
+    tmp_path: Path, programs: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "rank_0_0").write_text("the leader's")
+    rank = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", "--node-rank", "1"]
+    options = [
+        "--pages",
+        str(tmp_path / "listing"),
+        "--empty",
+        str(cache),
+        "--group-worker",
+        "INDEX",
+        "--worker-arg=--headless",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.inpod.seed", *options, "--", *rank],
+        env={**os.environ, "PYTHONPATH": str(programs), "INDEX": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == '["--node-rank", "1", "--headless"]'
+    assert (cache / "rank_0_0").exists()  # only the leader, index 0, empties the volume

@@ -205,8 +205,8 @@ def warm_up(port: str, model: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     usage = (
-        "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas] [--group-worker ENV FLAG]"
-        " -- COMMAND..."
+        "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas]"
+        " [--group-worker ENV [--worker-arg=ARG]...] -- COMMAND..."
     )
     described = program_parser("stoker.inpod.seed", __doc__, usage)
     described.add_argument(
@@ -235,11 +235,18 @@ def parser() -> argparse.ArgumentParser:
     )
     described.add_argument(
         "--group-worker",
-        nargs=2,
-        metavar=("ENV", "FLAG"),
-        help="a multi-node seed's pod: unless the variable ENV (its index) is 0, run COMMAND FLAG as a rank"
-        " of the leader's group instead of seeding (nothing emptied, recorded or stopped: the Job ends when"
-        " the leader has seeded)",
+        metavar="ENV",
+        help="a multi-node seed's pod: unless the variable ENV (its index) is 0, run COMMAND and the"
+        " --worker-arg arguments as a rank of the leader's group instead of seeding (nothing emptied,"
+        " recorded or stopped: the Job ends when the leader has seeded)",
+    )
+    described.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --group-worker, an argument after COMMAND on a worker index; as --worker-arg=ARG when ARG"
+        " starts with '-'",
     )
     return described
 
@@ -283,13 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{MODEL_PATH_MISSING_LINE} {model}", flush=True)
         return MODEL_PATH_MISSING_EXIT
     if settings.group_worker is not None:
-        index_env, worker_flag = settings.group_worker
-        index = os.environ.get(index_env, "")
+        index = os.environ.get(settings.group_worker, "")
         if index != "0":
-            print(f"{LINE_PREFIX}rank {index or '?'} of the group runs its engine {worker_flag}", flush=True)
+            worker = [*command, *settings.worker_arg]
+            print(
+                f"{LINE_PREFIX}index {index or '?'} of the group runs its rank: {' '.join(worker)}",
+                flush=True,
+            )
             if settings.pin_ptxas:
                 print(f"{LINE_PREFIX}{pin_ptxas()}", flush=True)
-            os.execvp(command[0], [*command, worker_flag])
+            os.execvp(worker[0], worker)
     skipped = SkipLines(LINE_PREFIX)
     atexit.register(skipped.close)
     if settings.empty:

@@ -56,7 +56,7 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     # A multi-node seed (render.group): every index but the leader's runs its rank headless, and only the
     # leader empties the volume and seeds.
     flags = svc.spec.runtime.engine_profile.flags
-    worker = ["--group-worker", JOB_INDEX_ENV, flags.headless] if multi_node(svc) else []
+    worker = ["--group-worker", JOB_INDEX_ENV, f"--worker-arg={flags.headless}"] if multi_node(svc) else []
     again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
     # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins.
     pin = ["--pin-ptxas"] if reads_ahead(svc) else []
