@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hack.kwoklogs import print_recording
 
 from tests.conftest import Cluster
 from tests.e2e.helpers import build_or_skip, condition, get_json, wait_for, wait_ready
@@ -21,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 HACK_LWS = REPO / "hack" / "lws"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +213,41 @@ def test_hand_edits_of_the_group_are_undone_and_a_deleted_one_comes_back(namespa
 
     assert owned_by(wait_for(recreated, timeout=60, what="the LeaderWorkerSet recreated"), svc)
     wait_ready(kubectl, namespace, "drift", timeout=120)
+
+
+def test_a_groups_start_is_its_leaders_and_its_seed_run_index_zeros(
+    namespace, kubectl, operator, lws, tmp_path
+):
+    apply(kubectl, namespace, group_service("timed", nodes=2))
+    seed = "app.kubernetes.io/instance=timed,app.kubernetes.io/component=seed"
+    recordings = REPO / "tests" / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
+    seed_leader = print_recording(
+        kubectl, namespace, f"{seed},{JOB_INDEX}=0", recordings / "seed.log", tmp_path
+    )
+    print_recording(
+        kubectl, namespace, f"{seed},{JOB_INDEX}=1", recordings / "streamer-cold-cache.log", tmp_path
+    )
+    group = f"{LWS_NAME}=timed"
+    leader = print_recording(
+        kubectl, namespace, f"{group},{WORKER_INDEX}=0", recordings / "seeded-serving.log", tmp_path
+    )
+    print_recording(
+        kubectl, namespace, f"{group},{WORKER_INDEX}=1", recordings / "streamer-cold-cache.log", tmp_path
+    )
+
+    def recorded() -> dict | None:
+        startup = (
+            (get_json(kubectl, "-n", namespace, "vllmservice", "timed") or {}).get("status") or {}
+        ).get("startup") or {}
+        return (
+            startup
+            if (startup.get("last") or {}).get("pod") and (startup.get("seed") or {}).get("pod")
+            else None
+        )
+
+    startup = wait_for(recorded, timeout=180, what="the group's start and its seed's in status")
+    assert startup["seed"]["pod"] == seed_leader
+    assert startup["last"]["pod"] == leader and startup["last"]["compileCache"] == "hit"
+    assert [sample["uid"] for sample in startup["history"]] == [
+        get_json(kubectl, "-n", namespace, "pod", leader)["metadata"]["uid"]
+    ]

@@ -38,6 +38,8 @@ from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_PLURAL
 from stoker.render.nodewarmer import node_warmer_selector_labels
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+# Set by the Job controller on an Indexed Job's pods (a multi-node seed's).
+JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 
 class Observer:

@@ -46,7 +46,7 @@ from stoker.controller.objects import (
     still_running,
     template_hash,
 )
-from stoker.controller.observe import JOB_NAME_LABEL
+from stoker.controller.observe import JOB_INDEX_ANNOTATION, JOB_NAME_LABEL
 from stoker.controller.ownership import owned_by, runs_replicas
 from stoker.controller.settings import OperatorSettings
 from stoker.controller.workqueue import GONE, Gone, ObjectKey, WorkQueue
@@ -279,9 +279,14 @@ class StartupRecorder:
             }
         if seed_job is not None and job_outcome(seed_job) in ("succeeded", "failed"):
             job_name = seed_job["metadata"]["name"]
-            seed_pods = self.cache.of_instance(
-                "Pod", namespace, svc.name, labels_match({JOB_NAME_LABEL: job_name})
-            )
+            seed_pods = [
+                pod
+                for pod in self.cache.of_instance(
+                    "Pod", namespace, svc.name, labels_match({JOB_NAME_LABEL: job_name})
+                )
+                # A multi-node seed's leader (index 0) seeds; the other indices only run their ranks.
+                if (pod["metadata"].get("annotations") or {}).get(JOB_INDEX_ANNOTATION, "0") == "0"
+            ]
             seed_pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
             if seed_pods and (startup.get("seed") or {}).get("pod") != seed_pods[-1]["metadata"]["name"]:
                 container = main_container_status(seed_pods[-1])
