@@ -42,7 +42,6 @@ LWS_PLURAL = "leaderworkersets"
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_TEMPLATE_HASH_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 # Set by the Job controller on an Indexed Job's pods.
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"
