@@ -9,9 +9,25 @@ import pytest
 from pydantic import ValidationError
 
 from stoker.api import VLLMService
-from stoker.api.flags import OWNED_FLAG_REGEX, sets_api_key, sets_owned_flag
+from stoker.api.flags import LAYOUT_FLAG_REGEX, OWNED_FLAG_REGEX, sets_api_key, sets_owned_flag
 
 OWNED_SPELLINGS = [
+    # The parallel layout and a group's ranks (runtime.pipelineParallelSize, nodesPerReplica, ...).
+    "-dp",
+    "-pp=2",
+    "--pipeline-parallel-size=2",
+    "--data_parallel_size",
+    "--enable-expert-parallel",
+    "-ep",
+    "--nnodes=2",
+    "-n2",
+    "-n",
+    "-r1",
+    "--node-rank",
+    "--master-addr=10.0.0.1",
+    "--master-port",
+    "--headless",
+    "--headl",
     "--port",
     "--port=9000",
     "--por=9000",
@@ -105,8 +121,9 @@ USER_SPELLINGS = [
     "-cc.compile_sizes+=8",
     '--speculative-config={"method": "ngram", "num_speculative_tokens": 4}',
     "-q",
-    "-dp",
-    "-pp=2",
+    # Not a layout flag's prefix: --data-parallel-size-local (no multi-node data parallel yet).
+    "-dpl",
+    "--data-parallel-size-local=2",
     "-cc.pass_config.fuse_norm_quant=true",
     "-cc.mode=0",
     "--compilation-config.compile_sizes+=8",
@@ -128,7 +145,8 @@ def test_user_flags_and_values_are_not_owned(arg: str) -> None:
 
 
 def test_the_regex_fits_in_a_cel_string_literal() -> None:
-    assert "\\" not in OWNED_FLAG_REGEX and "'" not in OWNED_FLAG_REGEX
+    for regex in (OWNED_FLAG_REGEX, LAYOUT_FLAG_REGEX):
+        assert "\\" not in regex and "'" not in regex
 
 
 @pytest.mark.parametrize("arg", ["--api-key", "--api-key=x", "--api_key", "--api", "--a=x", "--api-k.x=1"])
