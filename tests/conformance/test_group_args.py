@@ -14,28 +14,16 @@ from bench.conformance.versions import CPU_VERSIONS, PARSE_ONLY_VERSIONS
 from stoker.api import VLLMService
 from stoker.render import render_children
 from stoker.render.group import LWS_KIND
+from tests.unit.test_render_group import group
 
 MATRIX = (*CPU_VERSIONS, *PARSE_ONLY_VERSIONS)
 # What the kubelet expands in a group's pods (LWS's webhook and the Job controller set the variables).
 EXPANDED = {"$(LWS_LEADER_ADDRESS)": "10.0.0.1", "$(LWS_WORKER_INDEX)": "1", "$(JOB_COMPLETION_INDEX)": "1"}
 
 
-def group(version: str) -> VLLMService:
-    return VLLMService.model_validate(
-        {
-            "apiVersion": "stoker.dev/v1alpha1",
-            "kind": "VLLMService",
-            "metadata": {"name": "moe", "namespace": "ml"},
-            "spec": {
-                "model": {"name": "Qwen/Qwen3-235B-A22B"},
-                "runtime": {
-                    "engineVersion": version,
-                    "gpus": 8,
-                    "nodesPerReplica": 2,
-                    "expertParallel": True,
-                },
-            },
-        }
+def moe_group(version: str) -> VLLMService:
+    return group(
+        **{"runtime.engineVersion": version, "runtime.nodesPerReplica": 2, "runtime.expertParallel": True}
     )
 
 
@@ -60,7 +48,7 @@ def parsed(version: str, argvs: list[list[str]]) -> list[dict[str, str] | None]:
 
 @pytest.mark.parametrize("version", MATRIX)
 def test_each_rank_of_a_group_parses_as_its_rank(version: str) -> None:
-    children = render_children(group(version))
+    children = render_children(moe_group(version))
     template = next(c for c in children if c["kind"] == LWS_KIND)["spec"]["leaderWorkerTemplate"]
     seed = next(c for c in children if c["kind"] == "Job")["spec"]["template"]["spec"]
     seed_args = engine_args(seed)
