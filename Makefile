@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build vllm-venv node-images lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -15,9 +15,15 @@ $(VENV)/.installed: pyproject.toml
 
 # The control plane, then the Gateway API Inference Extension's endpoint picker and its ext_proc client
 # (4.4 min cold on 2 cores, seconds when present; tests/e2e/test_gateway.py).
+# hack/node build adds the real node's kubelet, kube-proxy (same go build), containerd and the pause binary.
 cluster-build:
-	$(CLUSTER) build
+	hack/node build
 	hack/epp build
+
+# The real node's images (pause, stoker, vLLM CPU from the vllm-venv), built offline; where this machine
+# cannot run a real node, `hack/node check` says why and the real-node tests report it.
+node-images: vllm-venv
+	if hack/node check; then hack/node images; fi
 
 # Real vLLM (CPU build) of stoker's default version, for the live-engine e2e test; reused once installed.
 vllm-venv: venv
@@ -31,7 +37,7 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv cluster-build vllm-venv
+e2e: venv cluster-build vllm-venv node-images
 	$(BIN)/pytest tests/e2e
 
 # stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
@@ -39,7 +45,7 @@ conformance-flags: venv
 	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
-test: venv cluster-build vllm-venv lint
+test: venv cluster-build vllm-venv node-images lint
 	$(BIN)/pytest tests
 
 # Every example against every vLLM version in bench/conformance/versions.py (about 15 min per CPU version
