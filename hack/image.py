@@ -69,7 +69,9 @@ def write_tree_layer(out: Path, source: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("out", type=Path)
     parser.add_argument("--tree", type=Path, help="write OUT as a layer of this directory instead")
     parser.add_argument("--tag")

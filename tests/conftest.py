@@ -91,7 +91,9 @@ class RealNode:
         """Pod spec fields that put a pod on this node, and only there."""
         return {
             "nodeSelector": {self.label: "true"},
-            "tolerations": [{"key": self.label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+            "tolerations": [
+                {"key": self.label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+            ],
         }
 
 

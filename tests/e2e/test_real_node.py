@@ -93,9 +93,7 @@ def test_helm_install_runs_the_operator_in_a_pod_that_holds_its_lease_and_serves
     release = "stoker"
     helm("install", release, str(CHART), "-n", namespace, "-f", str(values_file), "--skip-crds")
     try:
-        kubectl(
-            "-n", namespace, "rollout", "status", f"deployment/{release}", "--timeout=240s", timeout=260
-        )
+        kubectl("-n", namespace, "rollout", "status", f"deployment/{release}", "--timeout=240s", timeout=260)
         pods = get_json(kubectl, "-n", namespace, "pods", "-l", "app.kubernetes.io/name=stoker")
         (pod,) = (pods or {})["items"]
         assert pod["spec"]["nodeName"] == real_node.name
