@@ -50,7 +50,7 @@ def test_a_pod_of_the_stoker_image_runs_to_completion_and_its_log_comes_from_the
                     "command": [
                         "sh",
                         "-c",
-                        "stoker programs /tmp/p && PYTHONPATH=/tmp/p python3 -c "
+                        "stoker programs /tmp/p >/dev/null && PYTHONPATH=/tmp/p python3 -c "
                         "'import stoker.inpod, sys; print(\"in-pod programs of\", sys.version.split()[0])'",
                     ],
                 }
