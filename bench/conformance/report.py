@@ -69,9 +69,9 @@ def write_compatibility(document: dict[str, Any]) -> None:
                 f"{'yes' if run['cacheLoadFailed'] else 'no'} |"
             )
     lines.append(
-        "\nWhere the engine loads vLLM's mega AOT artifact (its default from 0.27) the seed starts"
-        " twice (`--start-again`): its wall seconds are both starts, the server line and stoker's reading"
-        " its first, as the operator records a seed."
+        "\nWhere the engine loads vLLM's mega AOT artifact (stoker's default on 0.26, vLLM's from 0.27)"
+        " the seed starts twice (`--start-again`): its wall seconds are both starts, the server line and"
+        " stoker's reading its first, as the operator records a seed."
     )
     rejected = [
         (e["version"], name, error) for e in entries for name, error in (e.get("rejected") or {}).items()

@@ -122,6 +122,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+def compared_with_stock(profile: str) -> bool:
+    """Every profile but stock itself and the seeds (a seed's run is no start to compare; a lever's own
+    seed is `stoker-seed-<lever>`)."""
+    return profile != "stock" and not profile.startswith(SEED)
+
+
 def mean_or_none(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.mean(present), 3) if present else None
@@ -158,7 +164,7 @@ def chart(summary: dict[str, dict[str, Any]], order: tuple[str, ...], title: str
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for row, profile in enumerate(profiles):
         s = summary[profile]
-        shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
+        shown = compared_with_stock(profile) and s["stockOverProfileMean"]
         ratio = f"  ({s['stockOverProfileMean']:.2f}x faster than stock)" if shown else ""
         ax.text(left[row] + 0.8, row, f"{s['readySecondsMean']:.1f} s{ratio}", va="center", fontsize=9)
     ax.invert_yaxis()
@@ -183,7 +189,7 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 19]
     for profile, s in summary.items():
         p = s["phasesMean"]
-        shown = profile not in ("stock", SEED) and s["stockOverProfileMean"]
+        shown = compared_with_stock(profile) and s["stockOverProfileMean"]
         ratio = f"{s['stockOverProfileMean']:.2f}x" if shown else "—"
         change = s["decodeChangeVsStokerPaired"]
         versus = f" ({statistics.mean(change) * 100:+.1f}%)" if change and profile != "stoker" else ""

@@ -3,7 +3,7 @@
 For each version, every prefix of every owned flag (with `-` and `_`, the value after `=` or in the next
 argument, with no value), dotted and JSON forms of `--compilation-config` / `-cc`, short aliases, `--config
 FILE`, `-O` with anything after it, JSON values of other flags naming owned keys, and bare values are
-appended to the arguments stoker renders, and vLLM's parser reads them (tests/conformance/vllm_serve_parse.py,
+appended to the arguments stoker renders, and vLLM's parser reads them (bench/conformance/vllm_serve_parse.py,
 run by a vLLM interpreter). Whenever a spelling changes a value stoker owns, stoker's validator (the pydantic
 model; the CRD's CEL rule is the same regex) must refuse it; a set of ordinary user flags must pass both.
 The other way round, from vLLM's side: every option of the release's own parser is tried with a set of
@@ -28,14 +28,12 @@ STOKER_REQUIRE_CONFORMANCE=1, which turns the skip into a failure.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.conformance import serve_options
 from pydantic import ValidationError
 
 from stoker.api import VLLMService
@@ -52,7 +50,6 @@ from stoker.render import engine_invocation
 
 VERSIONS = ("0.22.1", "0.26.0", "0.33.0")
 VLLM_CACHE = Path(os.environ.get("STOKER_CACHE") or Path.home() / ".cache" / "stoker") / "vllm"
-RUNNER = Path(__file__).with_name("vllm_serve_parse.py")
 JSON_FLAG_DEST = "compilation_config"
 # Namespace entries stoker sets (or relies on) through the arguments it renders.
 OWNED_DESTS = {
@@ -126,19 +123,6 @@ BENIGN = [
 ]
 
 
-def vllm_environment(version: str) -> tuple[Path, dict[str, str]] | None:
-    """The interpreter that parses for `version`, and the PYTHONPATH it needs (see the module docstring)."""
-    own = VLLM_CACHE / version
-    if (own / ".complete").exists():
-        return own / "bin" / "python", {}
-    source = VLLM_CACHE / "src" / version
-    full = [m.parent for m in VLLM_CACHE.glob("*/.complete") if re.fullmatch(r"[0-9.]+", m.parent.name)]
-    if (source / "vllm").is_dir() and full:
-        newest = max(full, key=lambda venv: tuple(int(part) for part in venv.name.split(".")))
-        return newest / "bin" / "python", {"PYTHONPATH": f"{source}:{source}-deps"}
-    return None
-
-
 def manifest(extra_args: list[str], standby: bool) -> dict[str, Any]:
     cold_start: dict[str, Any] = {"standby": {}} if standby else {}
     return {
@@ -191,24 +175,13 @@ def candidates(config_file: Path) -> list[list[str]]:
 
 
 def ask_vllm(version: str, request: dict[str, Any]) -> list[Any]:
-    """The runner's JSON lines for `request`, from `version`'s own parser."""
-    environment = vllm_environment(version)
-    if environment is None:
-        reason = f"no vLLM environment for {version} under {VLLM_CACHE} (see this module's docstring)"
+    """The runner's JSON lines for `request`, from `version`'s own parser (skipped without one)."""
+    try:
+        return serve_options.ask_vllm(version, request)
+    except LookupError as missing:
         if os.environ.get("STOKER_REQUIRE_CONFORMANCE"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    python, extra_env = environment
-    result = subprocess.run(
-        [str(python), str(RUNNER)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **extra_env},
-    )
-    assert result.returncode == 0, f"{python}: {result.stderr[-4000:]}"
-    return [json.loads(line) for line in result.stdout.splitlines()]
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
 
 
 def parse_with_vllm(version: str, argvs: list[list[str]]) -> list[dict[str, str] | None]:

@@ -135,8 +135,13 @@ def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
     return result.returncode != 0 and POLICY in result.stderr
 
 
+# The CSI driver of the nodePublishSecretRef case, allowed so that the grant of its Secret is what decides
+# (test_hostile_admission.py proves a driver not allowed is refused).
+BASE_VALUES = ("--set", "admission.allowedCsiDrivers={secrets-store.csi.k8s.io}")
+
+
 def install(kubectl, helm: Helm, *values: str) -> None:
-    kubectl("apply", "-f", "-", input=chart_objects(helm, *values))
+    kubectl("apply", "-f", "-", input=chart_objects(helm, *BASE_VALUES, *values))
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +207,7 @@ GRANTS = {
     "PersistentVolumeClaim": ("", "persistentvolumeclaims", "use"),
     "PriorityClass": ("scheduling.k8s.io", "priorityclasses", "use"),
     "ResourceClaim": ("resource.k8s.io", "resourceclaims", "use"),
+    "Service": ("", "services", "get"),
     # An ephemeral volume's claim that clones or binds existing data: what creating it directly needs.
     "PersistentVolumeClaim made from existing data": ("", "persistentvolumeclaims", "create"),
 }
@@ -345,6 +351,13 @@ CASES: dict[str, Case] = {
         "spec.coldStart.standby.sharedGpu.resourceClaimName",
         "ResourceClaim",
         "other-team-gpu",
+    ),
+    # The operator reads the /metrics of the pods behind it (scale from zero): one the author may get.
+    "scale-from-zero-endpoint-picker": (
+        {"inferencePool": {"endpointPicker": {"name": "other-team-epp"}, "scaleFromZero": {}}},
+        "spec.inferencePool.endpointPicker.name",
+        "Service",
+        "other-team-epp",
     ),
 }
 

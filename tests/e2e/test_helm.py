@@ -66,6 +66,8 @@ def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
         "liveness.bindAddress=300.1.1.1",
         "admission.validationActions={Deny,Warn}",
         "admission.allowedVolumeTypes={host_path}",
+        "admission.maxVolumeSize=lots",
+        "admission.allowNodePinning=maybe",
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Helm, bad: str) -> None:
@@ -227,9 +229,11 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     assert verbs[("stoker.dev", "vllmservices/status")] == {"get", "patch"}
     assert verbs[("stoker.dev", "vllmservices/finalizers")] == {"update"}
     # spec.inferencePool: the pool (read per pass, never watched: its CRD may be missing), and scale from
-    # zero (the EPP Service's EndpointSlices, the scale subresource as an autoscaler uses it).
+    # zero (the EPP Service's EndpointSlices, each address checked against its pod with a get, the scale
+    # subresource as an autoscaler uses it).
     assert verbs[("inference.networking.k8s.io", "inferencepools")] == {"get", "create", "patch", "delete"}
     assert verbs[("discovery.k8s.io", "endpointslices")] == {"list"}
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch", "delete"}
     assert verbs[("stoker.dev", "vllmservices/scale")] == {"get", "update"}
     # coldStart.nodeWarming: the warmer DaemonSets, deleted again when warming is skipped or turned off.
     assert verbs[("apps", "daemonsets")] == {"get", "list", "watch", "create", "patch", "delete"}
@@ -478,6 +482,34 @@ def test_kubectl_apply_of_helm_template_installs_in_the_release_namespace_and_ke
     secret = get_json(kubectl, "-n", namespace, "secret", f"{RELEASE}-control-key")
     assert secret and secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "stoker"}
     assert get_json(kubectl, "-n", "default", "secret", f"{RELEASE}-control-key") is None
+
+
+def test_applying_the_rendered_chart_again_changes_nothing(namespace: str, kubectl, helm: Helm) -> None:
+    """The README's `kubectl apply` path run twice, as after an earlier install: its namespace command
+    succeeds on an existing namespace, and the second apply changes no object and reports each unchanged.
+    The one exception is kubectl's: it always reports a PodDisruptionBudget `configured`, since the PDB's
+    selector has patch strategy `replace`, so the patch kubectl computes is never empty; nothing changes."""
+    namespace_manifest = kubectl("create", "namespace", namespace, "--dry-run=client", "-o", "yaml").stdout
+    kubectl("apply", "-f", "-", input=namespace_manifest)  # the namespace exists already
+    manifest = helm("template", RELEASE, str(CHART), "--namespace", namespace, "--set", "replicas=2").stdout
+    try:
+        kubectl("apply", "-f", "-", input=manifest)
+        versions = {
+            f"{item['kind']}/{item['metadata']['name']}": item["metadata"]["resourceVersion"]
+            for item in json.loads(kubectl("get", "-f", "-", "-o", "json", input=manifest).stdout)["items"]
+        }
+        assert "PodDisruptionBudget/stoker" in versions and len(versions) > 10
+        again = kubectl("apply", "-f", "-", input=manifest).stdout.splitlines()
+        assert len(again) == len(versions)
+        changed = [line for line in again if not line.endswith(" unchanged")]
+        assert changed == ["poddisruptionbudget.policy/stoker configured"], again
+        after = json.loads(kubectl("get", "-f", "-", "-o", "json", input=manifest).stdout)["items"]
+        assert {
+            f"{i['kind']}/{i['metadata']['name']}": i["metadata"]["resourceVersion"] for i in after
+        } == versions
+        assert kubectl("diff", "-f", "-", input=manifest, check=False).returncode == 0
+    finally:  # the cluster-scoped objects (the admission policy among them) go with the test
+        kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
 
 
 # ------------------------------------------------------------------------------------------------- GitOps

@@ -345,6 +345,10 @@ def test_a_container_that_cannot_start_is_named(reason, namespace, kubectl, oper
     message = condition(svc, "Degraded")["message"]
     assert message.startswith(f"Pod {namespace}/stuck-") and "container vllm" in message
     assert condition(svc, "Ready")["status"] == "False"
+    assert (condition(svc, "Progressing")["status"], condition(svc, "Progressing")["reason"]) == (
+        "False",
+        reason,
+    )
     assert len(warnings(kubectl, namespace, "stuck", reason)) == 1
 
 
@@ -518,6 +522,52 @@ def test_a_hand_added_sidecar_env_and_volume_are_removed(namespace, kubectl, ope
 
     wait_for(restored, 20, what="the hand-added items removed within the drift interval")
     wait_ready(kubectl, namespace, "drifty")
+
+
+def test_hand_edits_of_the_service_are_undone_within_a_drift_period(namespace, kubectl, operator):
+    """The Service is compared whole, like the pod template: a selector key added by hand (which would
+    select no pod), stoker's port changed (it keeps the name `http` of the port stoker puts back), an added
+    port and a changed session affinity are undone; its cluster IP, allocated by the API server, stays."""
+    apply(kubectl, namespace, service("edited"))
+    wait_ready(kubectl, namespace, "edited")
+    before = get_json(kubectl, "-n", namespace, "service", "edited")
+    patch = [
+        {"op": "add", "path": "/spec/selector/hand-added", "value": "nothing-has-this"},
+        {"op": "replace", "path": "/spec/ports/0/port", "value": 9000},
+        {"op": "add", "path": "/spec/ports/-", "value": {"name": "extra", "port": 7777, "targetPort": 7777}},
+        {"op": "replace", "path": "/spec/sessionAffinity", "value": "ClientIP"},
+    ]
+    kubectl("-n", namespace, "patch", "service", "edited", "--type=json", "-p", json.dumps(patch))
+
+    def restored() -> dict[str, Any] | None:
+        spec = get_json(kubectl, "-n", namespace, "service", "edited")["spec"]
+        as_rendered = (
+            spec["selector"] == before["spec"]["selector"]
+            and [p["port"] for p in spec["ports"]] == [p["port"] for p in before["spec"]["ports"]]
+            and spec.get("sessionAffinity", "None") == "None"
+        )
+        return spec if as_rendered else None
+
+    spec = wait_for(restored, 6, what="the hand edits undone within one drift period (5 s)")
+    assert spec["clusterIP"] == before["spec"]["clusterIP"]
+    svc = wait_ready(kubectl, namespace, "edited")
+    assert condition(svc, "Degraded")["status"] == "False", condition(svc, "Degraded")
+
+
+def test_hand_edits_of_the_deployment_spec_are_undone(namespace, kubectl, operator):
+    """Not only the pod template: a paused rollout or a changed strategy is undone too."""
+    apply(kubectl, namespace, service("paused"))
+    wait_ready(kubectl, namespace, "paused")
+    kubectl("-n", namespace, "rollout", "pause", "deployment/paused")
+    kubectl("-n", namespace, "patch", "deployment", "paused", "--type=merge", "-p",
+            '{"spec":{"minReadySeconds":600}}')  # fmt: skip
+
+    def restored() -> dict[str, Any] | None:
+        spec = get_json(kubectl, "-n", namespace, "deployment", "paused")["spec"]
+        return spec if not spec.get("paused") and not spec.get("minReadySeconds") else None
+
+    wait_for(restored, 6, what="the paused rollout and minReadySeconds undone within one drift period")
+    wait_ready(kubectl, namespace, "paused")
 
 
 def test_a_hand_expanded_cache_volume_is_kept_and_not_degraded(namespace, kubectl, operator):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def test_each_example_converges_with_owned_children(example, namespace, kubectl,
     table = kubectl("-n", namespace, "get", "vsvc").stdout
     header = table.splitlines()[0].split()
     assert header[:4] == ["NAME", "READY", "MODEL", "REPLICAS"], table
-    assert "True" in table.splitlines()[1]
+    # READY as a Deployment's: ready of desired, all of them once converged.
+    assert all(re.fullmatch(r"(\d+)/\1", row.split()[1]) for row in table.splitlines()[1:]), table
 
 
 def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, kubectl, operator):
@@ -200,6 +202,32 @@ def test_a_spec_only_the_operator_rejects_is_reported_and_nothing_crashes(namesp
     apply(kubectl, namespace, minimal("good"))
     wait_ready(kubectl, namespace, "good")
     assert operator.process.poll() is None
+
+
+def test_a_flag_the_engine_version_lacks_is_refused_before_any_pod(namespace, kubectl, operator):
+    # The API server cannot know which flags vLLM 0.26.0 has; the operator does, from the stored lists.
+    apply(
+        kubectl,
+        namespace,
+        minimal("noflag", engineVersion="0.26.0", extraArgs=["--seed", "1", "--max-batch-size", "8"]),
+    )
+
+    def refused():
+        ready = condition(get_json(kubectl, "-n", namespace, "vllmservice", "noflag"), "Ready")
+        return ready if ready.get("reason") == "InvalidSpec" else None
+
+    ready = wait_for(refused, what="Ready=False reason InvalidSpec")
+    assert ready["status"] == "False"
+    assert (
+        "spec.runtime.extraArgs[2]: --max-batch-size is not an option of `vllm serve` in vLLM 0.26.0"
+        in (ready["message"])
+    )
+    for kind in ("jobs", "deployments", "pods"):
+        found = get_json(kubectl, "-n", namespace, kind, "-l", "app.kubernetes.io/instance=noflag")["items"]
+        assert found == [], kind
+    # Fixed, the same object goes on.
+    apply(kubectl, namespace, minimal("noflag", engineVersion="0.26.0", extraArgs=["--max-num-seqs", "8"]))
+    wait_ready(kubectl, namespace, "noflag")
 
 
 def test_a_failed_seed_does_not_block_serving(namespace, kubectl, operator):

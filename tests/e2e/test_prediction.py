@@ -26,7 +26,6 @@ from stoker.predict.service import service_settings
 from stoker.predict.shipped import shipped_coefficients
 from stoker.render import MODEL_FACTS_ANNOTATION
 from tests.e2e.helpers import get_json, wait_for
-from tests.e2e.test_cache_retention import delete_and_wait_for_garbage_collection, seed_jobs
 
 pytestmark = pytest.mark.e2e
 
@@ -203,7 +202,9 @@ def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, o
     assert startup()["expected"] == after
 
 
-def test_a_reused_cache_brings_the_model_facts_of_its_seed(namespace, kubectl, operator, tmp_path):
+def test_the_cache_claim_keeps_the_model_facts_of_its_seed(namespace, kubectl, operator, tmp_path):
+    """The facts are signed on the claim with the seed's record: an operator that restarts (nothing in its
+    memory) restores them to status from there, whatever status was made to say meanwhile."""
     svc = llama("reused")
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
     seed_selector = "app.kubernetes.io/instance=reused,app.kubernetes.io/component=seed"
@@ -216,18 +217,20 @@ def test_a_reused_cache_brings_the_model_facts_of_its_seed(namespace, kubectl, o
     facts = json.loads(wait_for(claim_facts, what="the model facts on the cache claim"))
     assert facts["layers"] == 32
 
-    # The same spec again after a delete: the kept claim skips the seed and brings its facts along.
-    delete_and_wait_for_garbage_collection(kubectl, namespace, "reused")
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    operator.stop()
+    wiped = {"status": {"startup": {"model": None, "modelCacheKey": None}}}
+    kubectl(
+        "-n", namespace, "patch", "vsvc", "reused", "--subresource=status", "--type=merge",
+        "-p", json.dumps(wiped),
+    )  # fmt: skip
+    operator.start()
 
-    def expected():
+    def restored():
         obj = get_json(kubectl, "-n", namespace, "vllmservice", "reused") or {}
         startup = (obj.get("status") or {}).get("startup") or {}
-        return startup if (startup.get("expected") or {}).get("totalSeconds") else None
+        return startup if startup.get("model") else None
 
-    startup = wait_for(expected, what="a prediction without a seed run")
-    assert startup["model"] == facts and "seed" not in startup
-    assert seed_jobs(kubectl, namespace, "reused") == []
+    assert wait_for(restored, what="the facts back in status")["model"] == facts
 
 
 def test_a_hub_snapshot_without_weights_takes_them_from_the_seed_log(namespace, kubectl, operator, tmp_path):

@@ -117,5 +117,7 @@ def test_ready_gap_is_the_ready_line_to_the_ready_condition(namespace, kubectl, 
         assert last["totalSeconds"] == pytest.approx(parse_log(recording).total_seconds, abs=0.01)
 
     metrics = operator.metrics()
-    assert re.search(r"stoker_startup_ready_gap_seconds_count [1-9]", metrics)
+    assert re.search(
+        rf'stoker_startup_ready_gap_seconds_count\{{name="gap",namespace="{namespace}"\}} [1-9]', metrics
+    )
     assert re.search(r'stoker_startup_phase_seconds_count\{phase="podReady",role="serve"\} [1-9]', metrics)

@@ -79,8 +79,11 @@ def test_recorded_startups_reach_status_events_and_metrics(
 
     metrics = operator.metrics()
     assert re.search(r'stoker_startup_phase_seconds_count\{phase="weightLoad",role="serve"\} [1-9]', metrics)
-    assert re.search(rf'stoker_compile_cache_total\{{result="{cache}",role="serve"\}} [1-9]', metrics)
-    assert re.search(r'stoker_startup_total_seconds_count\{role="seed"\} [1-9]', metrics)
+    service = f'name="timed",namespace="{namespace}"'
+    assert re.search(
+        rf'stoker_compile_cache_total\{{{service},result="{cache}",role="serve"\}} [1-9]', metrics
+    )
+    assert re.search(rf'stoker_startup_total_seconds_count\{{{service},role="seed"\}} [1-9]', metrics)
 
 
 def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kubectl, operator, tmp_path):

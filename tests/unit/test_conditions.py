@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from stoker.controller.conditions import (
@@ -39,6 +41,9 @@ def test_job_outcome_reads_job_conditions():
 ROLLING = Rollout("llm", desired=2, total=3, updated=1, ready=1, serving=1, done=False)
 DONE = Rollout("llm", desired=2, total=3, updated=3, ready=3, serving=2, done=True)
 SEED = "llm-seed-2b247a7d85"
+UNSCHEDULABLE = Problem(
+    "Unschedulable", "Pod ns/llm-1", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.", degrades_in=30
+)
 
 
 def every_condition() -> list[Condition]:
@@ -59,6 +64,7 @@ def every_condition() -> list[Condition]:
         progressing_condition(True, SEED, ROLLING),
         progressing_condition(False, SEED, ROLLING),
         progressing_condition(False, SEED, DONE),
+        progressing_condition(False, SEED, ROLLING, [UNSCHEDULABLE]),
         degraded_condition(["Deployment ns/llm: forbidden (HTTP 403)"], [], None, None, False),
         degraded_condition([], [Problem("ErrImagePull", "Pod ns/llm-1", "no such image")], None, None, False),
         degraded_condition([], [], "standby pod llm-1 failed to sleep", None, False),
@@ -101,3 +107,19 @@ def test_ready_and_cache_seeded_name_the_seed_job():
     assert ready_condition(False, SEED, True, DONE).message == "2/2 replicas ready"
     failed = cache_seeded_condition(True, False, "failed", SEED, "2b247a7d85")
     assert failed.reason == "SeedFailed" and f"kubectl logs job/{SEED}" in failed.message
+
+
+def test_what_keeps_pods_from_starting_stops_progress_at_once_and_degrades_after_its_grace():
+    """As a Deployment's ProgressDeadlineExceeded: a `kubectl wait --for=condition=Available` sees why."""
+    stuck = progressing_condition(False, SEED, ROLLING, [UNSCHEDULABLE])
+    assert (stuck.status, stuck.reason) == (False, "Unschedulable")
+    assert stuck.message == "Pod ns/llm-1: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    assert progressing_condition(True, SEED, ROLLING, [UNSCHEDULABLE]).reason == "Unschedulable"
+    # A rollout that is done has nothing left to wait for.
+    assert progressing_condition(False, SEED, DONE, [UNSCHEDULABLE]).reason == "Converged"
+    waiting = degraded_condition([], [UNSCHEDULABLE], None, None, False)
+    assert (waiting.status, waiting.reason) == (False, "AsExpected")
+    assert waiting.message.startswith("No fault yet: Pod ns/llm-1 is Unschedulable")
+    due = replace(UNSCHEDULABLE, degrades_in=0.0)
+    degraded = degraded_condition([], [due], None, None, False)
+    assert (degraded.status, degraded.reason) == (True, "Unschedulable")

@@ -44,13 +44,15 @@ def test_every_example_renders_a_seed_and_a_serving_container_for_the_selected_v
 def test_swaps_touch_only_the_model_the_port_and_the_mounts():
     containers = rendered_containers("0.26.0")
     seed, serve = containers["minimal/seed"], containers["minimal/serve"]
-    # The seed wrapper asks its server's --port, swapped with it; its listing moves with the cache volume.
+    # The seed wrapper asks its server's --port, swapped with it; its listing and the volume it empties move
+    # with the cache volume.
     seed_argv = local_argv(container_argv(seed), RUN)
     original = container_argv(seed)
     changed = [(a, b) for a, b in zip(original, seed_argv, strict=True) if a != b]
     assert seed_argv[:3] == ["python3", "-m", "stoker.inpod.seed"]
     assert changed == [
         (original[4], "/tmp/cache" + original[4].removeprefix("/var/cache/vllm")),
+        ("/var/cache/vllm", "/tmp/cache"),
         ("Qwen/Qwen2.5-0.5B-Instruct", "/tmp/model"),
         ("8000", "41234"),
     ]

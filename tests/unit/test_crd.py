@@ -81,7 +81,7 @@ def test_names_subresources_and_columns() -> None:
     }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns == {
-        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+        "Ready": ".status.ready",
         "Model": ".spec.model.name",
         "Replicas": ".status.replicas",
         "Standby": ".status.standbyReplicas",

@@ -4,6 +4,7 @@ the live objects here are the rendered ones as the API server would return them 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import kopf
 import pytest
@@ -16,13 +17,30 @@ from stoker.controller.decide import (
     decide_children,
     decide_status,
     first_reaction,
+    trusted_body,
 )
-from stoker.controller.ownership import claim_signature, seeded_signature
+from stoker.controller.diagnose import UNSCHEDULABLE_GRACE_SECONDS
+from stoker.controller.objects import facts_json
+from stoker.controller.ownership import SeededClaim, claim_signature, owner_signature, seeded_annotations
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
 
 KEY = "operator-signing-key-0123456789"
 PROGRAMS_IMAGE = "registry.example/stoker:0.1.0"
 NOW = "2026-11-26T10:00:00Z"
+# What a seed of Qwen2.5-0.5B-Instruct prints (status.startup.model).
+QWEN_FACTS = {
+    "checkpointBytes": 988097824,
+    "layers": 24,
+    "hiddenSize": 896,
+    "intermediateSize": 4864,
+    "attentionHeads": 14,
+    "kvHeads": 2,
+    "vocabSize": 151936,
+    "tokenizerBytes": 7031645,
+    "moe": False,
+    "experts": 0,
+    "dtype": "bfloat16",
+}
 
 
 def body(**status: object) -> dict:
@@ -82,9 +100,11 @@ def converged(obj: dict) -> dict:
         live = as_live(child, obj, f"{child['kind']}-uid")
         if child["kind"] == "PersistentVolumeClaim":
             live["metadata"].pop("ownerReferences")
-            live["metadata"].setdefault("annotations", {})["stoker.dev/claim-signature"] = claim_signature(
-                KEY, live
-            )
+            annotations = live["metadata"].setdefault("annotations", {})
+            annotations["stoker.dev/claim-signature"] = claim_signature(KEY, live)
+            annotations["stoker.dev/compile-cache-owner"] = obj["metadata"]["uid"]
+            signature = owner_signature(KEY, live, obj["metadata"]["uid"])
+            annotations["stoker.dev/compile-cache-owner-signature"] = signature
         children[(child["kind"], child["metadata"]["name"])] = live
     return children
 
@@ -166,35 +186,42 @@ def test_a_planted_cache_claim_with_copied_annotations_is_a_conflict():
     assert plan.cache.get("seededKey") is None
 
 
+def seeded_claim(obj: dict, children: dict, facts: str | None = None, owner: str = "svc-uid") -> dict:
+    """The cache claim in `children`, signed as seeded for the service's current key."""
+    svc = VLLMService.model_validate(obj)
+    claim = children[next(k for k in children if k[0] == "PersistentVolumeClaim")]
+    seeded = SeededClaim(cache_key(svc), "2026-11-26T09:00:00Z", facts)
+    claim["metadata"]["annotations"].update(seeded_annotations(KEY, claim, owner, seeded))
+    return claim
+
+
 def test_a_proven_seed_on_a_kept_claim_skips_the_seed_job():
     obj = body()
     svc = VLLMService.model_validate(obj)
     children = converged(obj)
-    claim = children[next(k for k in children if k[0] == "PersistentVolumeClaim")]
-    annotations = claim["metadata"]["annotations"]
-    annotations["stoker.dev/seeded-key"] = cache_key(svc)
-    annotations["stoker.dev/seeded-signature"] = seeded_signature(KEY, claim, cache_key(svc), None)
+    claim = seeded_claim(obj, children)
     plan = decide_children(snapshot(obj, children))
     assert plan.seeded and not plan.gate_closed
-    assert plan.cache["seededKey"] == cache_key(svc) and plan.cache["claimUid"] == claim["metadata"]["uid"]
+    assert plan.cache == {
+        "seededKey": cache_key(svc),
+        "seededAt": "2026-11-26T09:00:00Z",
+        "claimUid": claim["metadata"]["uid"],
+    }
     assert [e.reason for e in plan.events] == ["CacheReused"]
     assert all(w.desired["kind"] != "Job" for w in plan.writes)
 
 
-def test_a_kept_claims_facts_reach_status_before_the_replicas_start():
+def test_a_kept_claims_facts_are_in_the_body_the_replicas_are_rendered_from():
     # The memory request counts the checkpoint: replicas started before the facts would roll again.
     obj = body()
     svc = VLLMService.model_validate(obj)
     children = converged(obj)
-    claim = children[next(k for k in children if k[0] == "PersistentVolumeClaim")]
-    facts = '{"layers":32}'
-    annotations = claim["metadata"]["annotations"]
-    annotations["stoker.dev/seeded-key"] = cache_key(svc)
-    annotations["stoker.dev/model-facts"] = facts
-    annotations["stoker.dev/seeded-signature"] = seeded_signature(KEY, claim, cache_key(svc), facts)
-    plan = decide_children(snapshot(obj, children))
-    assert plan.seeded and plan.gate_closed and plan.recheck_after == 0.0
-    assert plan.reused_facts == facts
+    claim = seeded_claim(obj, children, facts_json(QWEN_FACTS))
+    known = trusted_body(obj, svc, claim, KEY, None)
+    assert known["status"]["startup"]["model"]["checkpointBytes"] == 988097824
+    assert known["status"]["startup"]["modelCacheKey"] == short_cache_key(svc)
+    plan = decide_children(snapshot(known, children))
+    assert plan.seeded and not plan.gate_closed
 
 
 def test_replicas_wait_for_the_seeds_record_a_bounded_time():
@@ -279,3 +306,37 @@ def test_a_block_posts_its_event_once():
     assert [e.reason for e in first.events] == ["ChildConflict"]
     again = blocked_status(body(**first.status), "ChildConflict", "Deployment t1/llm exists", NOW)
     assert again.events == [] and again.status == first.status
+
+
+def test_a_seed_pod_the_scheduler_cannot_place_stops_progress_and_degrades_after_the_grace():
+    obj = body()
+    children = converged(obj)
+    scheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": '0/2 nodes are available: persistentvolumeclaim "models" not found.',
+        "lastTransitionTime": "2026-11-26T09:59:40Z",  # 20 s before NOW
+    }
+    pod = {"metadata": {"name": "llm-seed-x-abc", "namespace": "t1"}, "status": {"conditions": [scheduled]}}
+    snap = dataclasses.replace(snapshot(obj, children), seed_pods=[pod])
+    plan = decide_children(snap)
+    assert plan.gate_closed
+    decided = decide_status(snap, plan, Outcome(children, []), None)
+    conditions = {c["type"]: c for c in decided.status["conditions"]}
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == (
+        "False",
+        "Unschedulable",
+    )
+    assert (
+        (conditions["Progressing"]["message"])
+        == 'Pod t1/llm-seed-x-abc: 0/2 nodes are available: persistentvolumeclaim "models" not found.'
+    )
+    assert conditions["Degraded"]["status"] == "False"
+    assert decided.recheck_after == UNSCHEDULABLE_GRACE_SECONDS - 20  # when it counts as Degraded
+    assert decided.status["ready"] == "0/1"
+    later = dataclasses.replace(snap, now="2026-11-26T10:01:00Z")
+    conditions = {
+        c["type"]: c for c in decide_status(later, plan, Outcome(children, []), None).status["conditions"]
+    }
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "Unschedulable")

@@ -168,3 +168,42 @@ def test_every_query_names_only_exported_metrics_and_their_labels(expr: str) -> 
 def test_the_check_catches_what_would_leave_a_panel_empty(expr: str, problem: str) -> None:
     with pytest.raises(AssertionError, match=problem):
         test_every_query_names_only_exported_metrics_and_their_labels(expr)
+
+
+def per_service_selectors(expr: str) -> Iterator[tuple[str, str]]:
+    """(metric, its matchers) for each metric in `expr` whose samples name a VLLMService."""
+    series = exported_series()
+    for name, matchers in re.findall(MATCHERS, expr):
+        if "namespace" in series.get(name, set()):
+            yield name, matchers
+    for name, _ in references(expr)[0]:
+        if "namespace" in series[name]:
+            assert re.search(rf"{name}\s*\{{", expr), f"{name} without the dashboard's variables ({expr!r})"
+
+
+@pytest.mark.parametrize("expr", list(expressions(dashboard())))
+def test_every_per_service_query_follows_the_namespace_and_service_variables(expr: str) -> None:
+    """A panel of a per-service metric that ignored the Namespace and VLLMService pickers would show every
+    service's data under a selection of one."""
+    series = exported_series()
+    for name, matchers in per_service_selectors(expr):
+        assert 'namespace=~"$namespace"' in matchers, f"{name} ignores $namespace ({expr!r})"
+        service_label = "name" if "name" in series[name] else "service"
+        assert f'{service_label}=~"$name"' in matchers, f"{name} ignores $name ({expr!r})"
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "histogram_quantile(0.5, sum by (le) (rate(stoker_startup_total_seconds_bucket[5m])))",
+        'stoker_node_warming_nodes{namespace=~"$namespace"}',
+    ],
+)
+def test_the_variables_check_catches_a_panel_that_ignores_them(expr: str) -> None:
+    with pytest.raises(AssertionError, match=r"without the dashboard's variables|ignores \$name"):
+        test_every_per_service_query_follows_the_namespace_and_service_variables(expr)
+
+
+def test_node_warming_has_panels() -> None:
+    queried = " ".join(expressions(dashboard()))
+    assert "stoker_node_warming_wanted_bytes" in queried and "stoker_node_warming_nodes" in queried

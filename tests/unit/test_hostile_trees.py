@@ -43,13 +43,15 @@ READ_AHEAD_SERVER_START_SECONDS = 5
 # machine's load), before it reads anything of the model's tree.
 SEED_SERVER_START_SECONDS = 30
 
-# A stand-in for vLLM's console script (of this interpreter, as pip writes it): notes when it started, then
-# exits, or with STOKER_TEST_SERVE answers /health and a completion on vLLM's port until SIGTERM.
+# A stand-in for vLLM's console script (of this interpreter, as pip writes it): notes when it first started
+# (a seed that loads the mega AOT artifact starts it twice), then exits, or with STOKER_TEST_SERVE answers
+# /health and a completion on vLLM's port until SIGTERM.
 STAND_IN = """#!{python}
 import http.server, os, signal, sys, time
 
-with open(os.environ["STOKER_TEST_STARTED"], "w") as note:
-    note.write(repr(time.time()))
+if not os.path.exists(os.environ["STOKER_TEST_STARTED"]):
+    with open(os.environ["STOKER_TEST_STARTED"], "w") as note:
+        note.write(repr(time.time()))
 if os.environ.get("STOKER_TEST_SERVE"):
 
     class Server(http.server.BaseHTTPRequestHandler):
@@ -80,11 +82,15 @@ def rendered_argv(kind: str) -> list[str]:
 
 def local_argv(kind: str, model: Path | str, listing: Path) -> list[str]:
     """The rendered argv with the local swaps only: this interpreter for python3, the tree's model path for
-    the rendered one, and its page listing for the cache volume's."""
+    the rendered one, and its page listing and the directory beside it for the cache volume's."""
     argv = rendered_argv(kind)
     rendered_model = argv[argv.index("serve") + 1]
     argv = [str(model) if arg == rendered_model else arg for arg in argv]
     argv[argv.index("--pages") + 1] = str(listing)
+    if "--empty" in argv:
+        volume = listing.parent / "cache-volume"
+        volume.mkdir(exist_ok=True)
+        argv[argv.index("--empty") + 1] = str(volume)
     assert argv[:2] == ["python3", "-m"]
     return [sys.executable, *argv[1:]]
 
@@ -534,12 +540,13 @@ def a_dtype_that_is_an_object(tmp_path: Path) -> Model:
 
 
 def enormous_integers(tmp_path: Path) -> Model:
-    # Ten fields of 4,000 digits each (under Python's 4,300): a line far over what the operator parses.
+    # Fields of 4,000 digits each (under Python's 4,300): no model is that, and the line would be far over
+    # what the operator parses. The seed says which facts are impossible, briefly.
     huge = int("9" * 4000)
     config = {**CONFIG, **{name: huge for name in ("num_hidden_layers", "hidden_size", "vocab_size")}}
     model = seed_model(tmp_path)
     (model / "config.json").write_text(json.dumps(config))
-    return Model(model, no_facts=f"over {MAX_FACTS_LINE_LENGTH}")
+    return Model(model, no_facts="impossible: layers 999999999999... (4000 digits) is outside 0..4096")
 
 
 def deeply_nested_config(tmp_path: Path) -> Model:

@@ -1,5 +1,5 @@
 """spec.inferencePool: the API, the InferencePool as a child (rendered, decided, missing CRD, pruned), and
-scale from zero's pure parts (the EPP's queue gauge, the EPP Service's ready addresses, one pass)."""
+the watch of the services that scale from zero (the loop: test_scale_from_zero.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,7 @@ from pydantic import ValidationError
 from stoker.api import VLLMService
 from stoker.controller.decide import Outcome, decide_children, decide_status
 from stoker.controller.kube import missing_object
-from stoker.controller.scalefromzero import (
-    MetricsRefused,
-    ScaleFromZero,
-    Watched,
-    candidate,
-    queued_requests,
-    read_metrics,
-    ready_addresses,
-)
+from stoker.controller.scalefromzero import Watched
 from stoker.render import render_children
 from tests.unit.test_decide import PROGRAMS_IMAGE, as_live, body, converged, snapshot
 
@@ -156,152 +148,7 @@ def test_a_404_tells_a_missing_pool_from_a_missing_resource() -> None:
 
 
 # ----------------------------------------------------------------------------------- scale from zero
-
-
-def gauge(fairness: str, pool: str, value: str) -> str:
-    labels = (
-        f'fairness_id="{fairness}",inference_pool="{pool}",model_name="m",priority="0",target_model_name=""'
-    )
-    return f"inference_extension_flow_control_queue_size{{{labels}}} {value}\n"
-
-
-EPP_METRICS = (
-    "# HELP inference_extension_flow_control_queue_size Current number of requests in the queue.\n"
-    "# TYPE inference_extension_flow_control_queue_size gauge\n"
-    + gauge("a", "llm", "2")
-    + gauge("b", "llm", "1")
-    + gauge("a", "other", "7")
-    + gauge("c", "llm", "NaN")
-    + gauge("d", "llm", "-4")
-    + "# TYPE inference_extension_flow_control_pool_saturation gauge\n"
-    + 'inference_extension_flow_control_pool_saturation{inference_pool="llm"} 1\n'
-)
-
-
-def test_queued_requests_sums_this_pools_gauge_only() -> None:
-    assert queued_requests(EPP_METRICS, "llm") == 3
-    assert queued_requests(EPP_METRICS, "other") == 7
-    assert queued_requests(EPP_METRICS, "none") == 0
-    assert queued_requests("", "llm") == 0
-    assert queued_requests(
-        'inference_extension_flow_control_queue_size{inference_pool="llm"} 1e300\n', "llm"
-    ) == int(1e9)
-
-
-@pytest.mark.parametrize(
-    "text",
-    ['inference_extension_flow_control_queue_size{inference_pool="llm" 1\n', "x{a=b} notanumber\n"],
-)
-def test_queued_requests_refuses_what_does_not_parse(text: str) -> None:
-    with pytest.raises(MetricsRefused):
-        queued_requests(text, "llm")
-
-
-def test_ready_addresses_skip_unready_endpoints_and_fqdns() -> None:
-    slices = [
-        {
-            "addressType": "IPv4",
-            "endpoints": [
-                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
-                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
-                {"addresses": ["10.0.0.3"]},  # ready unknown counts as ready
-                {"addresses": ["10.0.0.1"]},
-            ],
-        },
-        {"addressType": "FQDN", "endpoints": [{"addresses": ["epp.example"]}]},
-    ]
-    assert ready_addresses(slices) == ["10.0.0.1", "10.0.0.3"]
-
-
-def test_read_metrics_is_bounded_and_direct() -> None:
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            payload = b"x" * 5000 if self.path == "/metrics" else b""
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *_: object) -> None:
-            return
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        port = server.server_address[1]
-        assert len(read_metrics("127.0.0.1", port)) == 5000
-        with pytest.raises(MetricsRefused, match="more than 1000 bytes"):
-            read_metrics("127.0.0.1", port, limit=1000)
-    finally:
-        server.shutdown()
-    with pytest.raises(MetricsRefused):
-        read_metrics("127.0.0.1", port, timeout=0.5)  # nothing listens any more
-
-
-class FakeKube:
-    def __init__(self, replicas: int = 0) -> None:
-        self.replicas = replicas
-        self.events: list[tuple[str, str]] = []
-        self.selectors: list[str] = []
-
-    def endpoint_slices(self, namespace: str, selector: str) -> list[dict]:
-        self.selectors.append(f"{namespace}/{selector}")
-        return [{"addressType": "IPv4", "endpoints": [{"addresses": ["10.1.0.5"]}]}]
-
-    def scale_service_from_zero(self, namespace: str, name: str) -> dict | None:
-        if self.replicas != 0:
-            return None
-        self.replicas = 1
-        return {"metadata": {"namespace": namespace, "name": name, "uid": "svc-uid"}}
-
-    def post_event(self, owner: dict, reason: str, message: str, *, warning: bool = False) -> None:
-        self.events.append((reason, message))
-
-
-def test_a_pass_scales_a_service_at_zero_with_queued_requests_once() -> None:
-    obj = pool_body({**POOL, "scaleFromZero": {"metricsPort": 9091}}, replicas=0)
-    kube = FakeKube()
-    reads: list[tuple[str, int]] = []
-
-    def read(address: str, port: int) -> str:
-        reads.append((address, port))
-        return EPP_METRICS
-
-    loop = ScaleFromZero(kube, lambda: [obj], period=1.0, read=read)
-    (scaled,) = loop.once()
-    assert scaled[1] == 3 and kube.replicas == 1
-    assert reads == [("10.1.0.5", 9091)]
-    assert kube.selectors == ["t1/kubernetes.io/service-name=llm-epp"]
-    assert kube.events == [
-        (
-            "ScaledFromZero",
-            "3 requests waited in endpoint picker llm-epp for InferencePool llm; scaled from 0 to 1 replica",
-        )
-    ]
-    assert loop.once() == []  # the scale read 1 since: nothing more (the watch cache still says 0)
-
-
-def test_only_services_at_zero_with_scale_from_zero_are_candidates() -> None:
-    assert candidate(pool_body({**POOL, "scaleFromZero": {}}, replicas=0)) is not None
-    assert candidate(pool_body({**POOL, "scaleFromZero": {}}, replicas=1)) is None
-    assert candidate(pool_body(POOL, replicas=0)) is None
-    invalid = pool_body({**POOL, "scaleFromZero": {"metricsPort": 0}}, replicas=0)
-    assert candidate(invalid) is None
-
-
-def test_nothing_queued_or_unreadable_metrics_scale_nothing() -> None:
-    obj = pool_body({**POOL, "scaleFromZero": {}}, replicas=0)
-    kube = FakeKube()
-    assert ScaleFromZero(kube, lambda: [obj], 1.0, read=lambda a, p: "").once() == []
-
-    def refuse(address: str, port: int) -> str:
-        raise MetricsRefused("HTTP 500")
-
-    assert ScaleFromZero(kube, lambda: [obj], 1.0, read=refuse).once() == []
-    assert ScaleFromZero(kube, lambda: [obj], 1.0, read=lambda a, p: "garbage{ 1\n").once() == []
-    assert kube.replicas == 0 and kube.events == []
+# The loop itself: tests/unit/test_scale_from_zero.py.
 
 
 def test_watched_keeps_only_services_that_set_scale_from_zero() -> None:

@@ -60,8 +60,9 @@ GiB = 1 << 30
         (20 * GiB, 2 * GiB, 10 * GiB, 1 * GiB, 4 * GiB, 0.0, Decision("yielding", 0, True)),
         # Exactly the budget: not over it.
         (10 * GiB, 0, 10 * GiB, 100 * GiB, 4 * GiB, 0.0, Decision("warm", 0, False)),
-        # Nothing wanted (no checkpoint there yet): warm, nothing to do.
-        (0, 0, 10 * GiB, 100 * GiB, 4 * GiB, 0.0, Decision("warm", 0, False)),
+        # Nothing wanted (no checkpoint there): never warm, whatever the memory.
+        (0, 0, 10 * GiB, 100 * GiB, 4 * GiB, 0.0, Decision("nothingFound", 0, False)),
+        (0, 0, 10 * GiB, 1 * GiB, 4 * GiB, 0.0, Decision("nothingFound", 0, False)),
     ],
 )
 def test_the_decision(

@@ -23,6 +23,7 @@ from stoker.controller.warming import (
     plan_warming,
 )
 from stoker.render import NODE_WARMER_PORT, Warming, build_deployment, render_children, short_cache_key
+from stoker.render.nodewarmer import WARMER_OVERHEAD_BYTES
 from stoker.render.prefetch import read_ahead_paths, serving_invocation
 from tests.unit.test_render_memory import FACTS
 
@@ -50,7 +51,7 @@ def service(gpus: int = 2, runtime: dict[str, Any] | None = None, **cold_start: 
 
 
 def warmer(svc: VLLMService, wanted: int = 16 * GIB) -> dict[str, Any]:
-    children = render_children(svc, warming=Warming(wanted, BUDGET, RESERVE))
+    children = render_children(svc, warming=Warming(wanted, RESERVE))
     return next(c for c in children if c["kind"] == "DaemonSet")
 
 
@@ -106,13 +107,15 @@ def test_the_warmer_reads_what_the_read_ahead_reads() -> None:
         "--pages",
         pages,
         "--budget-bytes",
-        str(BUDGET),
+        str(16 * GIB),  # what this warmer was admitted for, not the whole per-node budget
         "--reserve-bytes",
         str(RESERVE),
         "--",
         *read_ahead_paths(svc),
     ]
     assert read_ahead_paths(svc) == ["/models/llama"]
+    limit = warmer(svc)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert int(limit) == 16 * GIB + WARMER_OVERHEAD_BYTES  # it cannot hold more than it was admitted for
 
 
 def test_a_shared_gpu_claim_and_gate_stay_off_the_warmer() -> None:
@@ -167,7 +170,7 @@ def test_the_budget_goes_in_creation_order_and_skipped_services_take_none() -> N
         [
             cand("late", "2026-01-03T00:00:00Z", 10 * GIB),
             cand("first", "2026-01-01T00:00:00Z", 20 * GIB),
-            cand("huge", "2026-01-02T00:00:00Z", 600 * GIB),  # over the budget alone
+            cand("huge", "2026-01-02T00:00:00Z", 100 * GIB),  # over the budget alone
             cand("seedless", "2026-01-02T00:00:00Z", None),
             cand("hub", "2026-01-02T00:00:00Z", 5 * GIB, on_volume=False),
             cand("second", "2026-01-02T00:00:00Z", 12 * GIB),
@@ -185,19 +188,20 @@ def test_the_budget_goes_in_creation_order_and_skipped_services_take_none() -> N
         "second": "admitted",  # 20 + 12 = 32 GiB: exactly the budget
         "late": "OverBudget",
     }
-    assert verdicts[("ns", "first")].warming == Warming(20 * GIB, BUDGET, RESERVE)
-    assert "ns/first, ns/second" in verdicts[("ns", "late")].message
-    assert "32.0 GiB" in verdicts[("ns", "late")].message
+    assert verdicts[("ns", "first")].warming == Warming(20 * GIB, RESERVE)
+    message = verdicts[("ns", "late")].message
+    assert "(ns/first, ns/second)" in message and "32.0 GiB" in message and "0.0 GiB is left" in message
 
 
 def test_an_over_budget_message_names_no_service_of_another_namespace() -> None:
     # A condition is read by its namespace's users: the budget's other holders are counted, not named.
     nodes = [node("big", 512, gpu="h100")]
-    other = replace(cand("payments-model", "2026-01-01T00:00:00Z", 30 * GIB), namespace="payments")
-    verdicts = plan_warming([other, cand("mine", "2026-01-02T00:00:00Z", 8 * GIB)], nodes, BUDGET, RESERVE)
+    other = replace(cand("payments-model", "2026-01-01T00:00:00Z", 16 * GIB), namespace="payments")
+    verdicts = plan_warming([other, cand("mine", "2026-01-02T00:00:00Z", 20 * GIB)], nodes, BUDGET, RESERVE)
     message = verdicts[("ns", "mine")].message
     assert verdicts[("ns", "mine")].reason == "OverBudget"
-    assert "taken by 1 warming services" in message
+    assert "shared by 2 namespaces: this one's fair share is 16.0 GiB" in message
+    assert "0 warming services of this namespace take 0.0 GiB and 16.0 GiB is left" in message
     assert "payments" not in message
 
 

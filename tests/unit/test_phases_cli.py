@@ -1,5 +1,6 @@
 """`stoker phases [--json] FILE` through stoker.phases.cli.main."""
 
+import gzip
 import io
 import json
 import sys
@@ -99,3 +100,28 @@ def test_a_file_without_vllm_startup_lines_is_an_error(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"{path} has no vLLM startup lines" in captured.err
+
+
+def test_a_recorded_gzip_log_reads_as_the_log_it_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    recorded = Path(__file__).parents[2] / "bench/results/home-split-v0.26.0/config-root-only/serve.log.gz"
+    assert main(["--json", str(recorded)]) == 0
+    assert json.loads(capsys.readouterr().out)["phases"]
+
+
+def test_gzip_on_stdin_too(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    log = (DATA / "vllm-0.22.1-h100" / "seeded-serving.log").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(gzip.compress(log))))
+    assert main(["--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["totalSeconds"] == pytest.approx(66.149)
+
+
+@pytest.mark.parametrize("damage", ["cut", "corrupt"])
+def test_a_damaged_gzip_log_is_an_error(
+    damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    packed = gzip.compress((DATA / "vllm-0.22.1-h100" / "seeded-serving.log").read_bytes())
+    broken = packed[: len(packed) // 2] if damage == "cut" else packed[:20] + b"\0" * 40 + packed[60:]
+    path = tmp_path / "serve.log.gz"
+    path.write_bytes(broken)
+    assert main([str(path)]) == 2
+    assert f"cannot read {path}" in capsys.readouterr().err

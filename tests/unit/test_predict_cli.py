@@ -30,6 +30,16 @@ def test_a_table_of_the_default_services_start(model_dir: str, capsys: pytest.Ca
     assert "fitted on: l8-h4096" in out
 
 
+def test_where_the_coefficients_came_from_is_wrapped_for_a_terminal(
+    model_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shipped H100 set's provenance is a paragraph of over 1,000 characters; it reads as lines."""
+    assert stoker_main(["predict", model_dir]) == 0
+    out = capsys.readouterr().out
+    assert "fitted on: mixes six hosts" in out
+    assert max(len(line) for line in out.splitlines() if not line.startswith("model: ")) <= 120  # a path
+
+
 def test_json_with_a_service_file_and_a_cold_cache(
     model_dir: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,9 +72,10 @@ def test_seed_and_serving_key_relevant_args_are_equal_with_standby() -> None:
     assert "--enable-sleep-mode" in key_relevant_args(serve.args, svc.spec.runtime.engine_profile)
     assert "--middleware" not in key_relevant_args(serve.args, svc.spec.runtime.engine_profile)
     seed_container, serve_container = seed_and_serving_containers(svc)
-    # The seed's args: the import-pages listing, then the serving pods' vLLM argv (their command is "vllm
-    # serve" here: standby pods load with the streamer and are not read ahead).
-    assert key_relevant_args(seed_container["args"][3:], svc.spec.runtime.engine_profile) == serve_container[
+    # The seed's args: the import-pages listing, the volume it empties, then the serving pods' vLLM argv
+    # (their command is "vllm serve" here: standby pods load with the streamer and are not read ahead).
+    engine_args = seed_container["args"][seed_container["args"].index("--") + 1 :]
+    assert key_relevant_args(engine_args, svc.spec.runtime.engine_profile) == serve_container[
         "command"
     ] + key_relevant_args(serve_container["args"], svc.spec.runtime.engine_profile)
 

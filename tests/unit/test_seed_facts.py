@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stoker.inpod import seed
-from stoker.inpod.facts import read_model_facts
+from stoker.inpod.facts import MODEL_FACT_BOUNDS, impossible_facts, read_model_facts
 from stoker.inpod.pagecache import SkipLines
 from stoker.predict.facts import parse_facts_line
 from stoker.predict.model import ModelFacts
@@ -94,3 +94,36 @@ def test_facts_that_take_too_long_to_read_leave_the_seed_to_finish_without_them(
     output = printed(["vllm", "serve", str(tmp_path)], 0.5)
     assert time.monotonic() - began < 5
     assert output == "stoker-seed: no model facts (still reading after 0.5 s)\n"
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        ({"num_hidden_layers": 10**30}, "layers 1000000000000000000000000000000 is outside 0..4096"),
+        ({"hidden_size": 2**63}, f"hiddenSize {2**63} is outside 0..{1 << 20}"),
+        ({"vocab_size": 1 << 24 + 1}, "vocabSize"),
+    ],
+)
+def test_a_model_with_impossible_facts_prints_why_and_no_facts(
+    tmp_path: Path, config: dict[str, int], refused: str
+) -> None:
+    """Hostile: a tenant's config.json claims what no model is; the seed prints no facts line the operator
+    would have to refuse, and says which fact and range instead."""
+    directory = model_dir(tmp_path)
+    (directory / "config.json").write_text(json.dumps({**CONFIG, **config}))
+    (line,) = printed(["vllm", "serve", str(directory), "--served-model-name", "m"]).splitlines()
+    assert line.startswith("stoker-seed: no model facts (impossible: ") and refused in line
+    assert parse_facts_line(line) is None
+
+
+def test_the_seed_and_the_operator_bound_each_fact_alike(tmp_path: Path) -> None:
+    """One definition of the physical ranges: what the seed refuses to print, ModelFacts refuses to read,
+    and the bound itself passes both."""
+    facts = ModelFacts.model_validate(read_model_facts(str(model_dir(tmp_path))))
+    valid = facts.model_dump(by_alias=True, mode="json")
+    for name, bound in MODEL_FACT_BOUNDS.items():
+        assert not impossible_facts({**valid, name: bound})
+        ModelFacts.model_validate({**valid, name: bound})
+        assert impossible_facts({**valid, name: bound + 1})
+        with pytest.raises(ValueError, match=name):
+            ModelFacts.model_validate({**valid, name: bound + 1})

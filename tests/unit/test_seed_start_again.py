@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.inpod.seed import STOPPING_LINE, first_start
+from stoker.inpod.seed import MODEL_PATH_MISSING_EXIT, MODEL_PATH_MISSING_LINE, STOPPING_LINE, first_start
 from stoker.phases.parser import parse_log
 from stoker.render.engine import engine_invocation
 from stoker.render.seed import seed_invocation
@@ -23,7 +23,8 @@ MEGA = "VLLM_USE_MEGA_AOT_ARTIFACT"
 @pytest.mark.parametrize(
     ("changes", "again"),
     [
-        ({}, False),  # 0.26 on torch 2.11: off by default
+        ({}, True),  # 0.26 on torch 2.11: vLLM leaves it off, stoker turns it on
+        ({"runtime.env": [{"name": MEGA, "value": "0"}]}, False),
         ({"runtime.env": [{"name": MEGA, "value": "1"}]}, True),
         (
             {"runtime.env": [{"name": MEGA, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]},
@@ -31,8 +32,9 @@ MEGA = "VLLM_USE_MEGA_AOT_ARTIFACT"
         ),
         ({"runtime.engineVersion": "0.27.0"}, True),  # torch 2.13: on by default
         ({"runtime.engineVersion": "0.27.0", "runtime.env": [{"name": MEGA, "value": "0"}]}, False),
+        ({"runtime.engineVersion": "0.22.1"}, False),  # no artifact
     ],
-    ids=["0.26", "0.26-on", "0.26-from-a-secret", "0.27", "0.27-off"],
+    ids=["0.26", "0.26-off", "0.26-on", "0.26-from-a-secret", "0.27", "0.27-off", "0.22"],
 )
 def test_the_seed_starts_again_where_the_engine_loads_the_mega_artifact(changes: dict, again: bool) -> None:
     svc = service(**changes)
@@ -41,6 +43,26 @@ def test_the_seed_starts_again_where_the_engine_loads_the_mega_artifact(changes:
     assert ("--start-again" in wrapper) is again
     # The server's own command is the seed's either way: the key does not move.
     assert seed.args[seed.args.index("--") + 1 :] == engine_invocation(svc, "seed").argv
+
+
+@pytest.mark.parametrize(
+    ("changes", "rendered"),
+    [
+        ({}, "1"),  # stoker turns it on where vLLM leaves it off
+        ({"runtime.env": [{"name": MEGA, "value": "0"}]}, "0"),  # the user's value wins
+        # The Secret's value reaches the pod by reference alone: no literal beside it.
+        ({"runtime.env": [{"name": MEGA, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}, None),
+        ({"runtime.engineVersion": "0.27.0"}, None),  # vLLM's own default: nothing to render
+        ({"runtime.engineVersion": "0.22.1"}, None),
+    ],
+    ids=["0.26", "0.26-off", "0.26-from-a-secret", "0.27", "0.22"],
+)
+def test_the_engine_env_turns_the_artifact_on_only_where_vllm_leaves_it_off(
+    changes: dict, rendered: str | None
+) -> None:
+    svc = service(**changes)
+    for role in ("seed", "serve"):
+        assert engine_invocation(svc, role).env.get(MEGA) == rendered, role
 
 
 # A stand-in for `vllm serve` (the wrapper's child): notes each start, answers /health and one completion,
@@ -100,3 +122,20 @@ def test_the_seed_run_recorded_is_its_first_start() -> None:
     assert list(first_start(twice)) == log[: stop + 1]
     assert parse_log(first_start(twice)).phases == parse_log(log).phases
     assert parse_log(twice).phases != parse_log(log).phases
+
+
+def test_the_seed_says_which_model_path_is_missing_before_any_server_starts(
+    tmp_path: Path, programs: Path
+) -> None:
+    starts, missing = tmp_path / "starts", tmp_path / "models" / "llama-8b"
+    server = [sys.executable, "-c", f"open({str(starts)!r}, 'a').write('start')", "serve", str(missing)]
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker.inpod.seed", "--pages", str(tmp_path / "listing"), "--", *server],
+        env={**os.environ, "PYTHONPATH": str(programs)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == MODEL_PATH_MISSING_EXIT
+    assert result.stdout.splitlines()[-1] == f"{MODEL_PATH_MISSING_LINE} {missing}"
+    assert not starts.exists()

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 import stoker
+from stoker.controller.main import main as run_main
 from stoker.controller.settings import OperatorSettings
 
 
@@ -70,3 +71,15 @@ def test_the_pods_copy_their_programs_from_the_operators_image_of_this_version(
     monkeypatch.setenv("STOKER_PROGRAMS_IMAGE", "two words")
     with pytest.raises(ValidationError, match="programs_image"):
         OperatorSettings()
+
+
+def test_stoker_run_help_lists_every_setting_with_its_default(capsys) -> None:
+    with pytest.raises(SystemExit):
+        run_main(["--help"])
+    shown = capsys.readouterr().out
+    for name, setting in OperatorSettings.model_fields.items():
+        assert f"STOKER_{name.upper()} (default: " in shown, name
+        if setting.description:
+            assert " ".join(setting.description.split()[:4]) in " ".join(shown.split()), name
+    assert "STOKER_WORKERS (default: 16)" in shown
+    assert "STOKER_CONTROL_KEY (default: unset)" in shown

@@ -102,9 +102,10 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: [""]
   resources: ["persistentvolumeclaims", "services"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# get: scale from zero checks that an endpoint picker's address is its pod's own IP.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "patch"]
@@ -122,8 +123,8 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
-# spec.inferencePool.scaleFromZero: the EPP Service's ready addresses, for its queue gauge, and a scale
-# from 0 to 1 through the scale subresource, as an autoscaler.
+# spec.inferencePool.scaleFromZero: the EPP Service's ready addresses (each checked against its pod), for
+# its queue gauge, and a scale from 0 to 1 through the scale subresource, as an autoscaler.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["list"]

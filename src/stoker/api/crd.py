@@ -154,11 +154,7 @@ def build_crd() -> Schema:
                         },
                     },
                     "additionalPrinterColumns": [
-                        {
-                            "name": "Ready",
-                            "type": "string",
-                            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-                        },
+                        {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
                         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
                         {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
                         {"name": "Standby", "type": "integer", "jsonPath": ".status.standbyReplicas"},

@@ -57,6 +57,7 @@ from stoker.engines import (
     profile_for,
     resolve_engine_version,
 )
+from stoker.engines.serve_options import check_extra_args
 
 GROUP = "stoker.dev"
 VERSION = "v1alpha1"
@@ -505,6 +506,11 @@ class RuntimeSpec(_Model):
             raise FieldError("extraArgs", _NO_OWNED_FLAGS)
         if self.extra_args and not re.match(FIRST_ARG_REGEX, self.extra_args[0]):
             raise FieldError("extraArgs", _FIRST_ARG_IS_FLAG)
+        # The engine version decides which flags exist: a rule the CRD cannot hold, so the operator reports
+        # it (Ready=False, InvalidSpec) before it creates anything, and `stoker render` refuses it.
+        refused = check_extra_args(self.extra_args, self.resolved_engine_version)
+        if refused is not None:
+            raise FieldError(f"extraArgs[{refused.index}]", refused.message)
         names = [env.name for env in self.env]
         if set(names) & set(OWNED_ENV):
             raise FieldError("env", _NO_OWNED_ENV)
@@ -585,9 +591,18 @@ class CompileCacheSpec(_CacheVolumeSpec):
         default="Retain",
         description=(
             "What happens to the cache PVC when the VLLMService is deleted. Retain (the default, as for a"
-            " StatefulSet's volumes): the PVC carries no owner reference and stays, and the next VLLMService"
-            " of the same name in the namespace takes it back and skips the seed if the cache key it"
-            " records matches. Delete: the PVC is garbage-collected with the VLLMService."
+            " StatefulSet's volumes): the PVC carries no owner reference and stays, for this VLLMService"
+            " alone; a later VLLMService of the same name takes it only with reuseRetained. Delete: the PVC"
+            " is garbage-collected with the VLLMService."
+        ),
+    )
+    reuse_retained: bool = Field(
+        default=False,
+        description=(
+            "Take over the compile-cache PVC retained from a deleted VLLMService of this name. Admitted only"
+            " from an author who may `use` that PersistentVolumeClaim (verb use, resource"
+            " persistentvolumeclaims, name <name>-cache). The claim then belongs to this VLLMService and is"
+            " seeded again, emptied first; without it such a claim is a conflict, never mounted."
         ),
     )
 
@@ -774,7 +789,8 @@ class EndpointPickerRef(_Model):
         min_length=1,
         max_length=63,
         pattern=_DNS_1123_LABEL,
-        description="Name of the EPP's Service, in the VLLMService's namespace.",
+        description="Name of the EPP's Service, in the VLLMService's namespace; never a Service of stoker's"
+        " (this VLLMService's own is refused here, another's when read: condition ScaleFromZero).",
     )
     port: int = Field(
         default=9002,
@@ -792,11 +808,11 @@ class ScaleFromZeroSpec(_Model):
 
     metrics_port: int = Field(
         default=9090,
-        ge=1,
+        ge=1024,
         le=65535,
         description="Port of the EPP's Prometheus metrics (`--metrics-port`), read on the ready addresses of"
-        " the EPP Service's EndpointSlices; served without authentication"
-        " (`--metrics-endpoint-auth=false`).",
+        " the EPP Service's EndpointSlices (pods of this namespace only); served without authentication"
+        " (`--metrics-endpoint-auth=false`). Not a privileged port (1024 or above).",
     )
 
 
@@ -1461,6 +1477,11 @@ class VLLMServiceStatus(_StatusModel):
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
     replicas: int | None = Field(default=None, description="Active serving pods (the scale subresource's).")
     ready_replicas: int | None = Field(default=None, description="Active serving pods that are Ready.")
+    ready: str | None = Field(
+        default=None,
+        description="Ready serving replicas of those spec.runtime.replicas asks for, as `1/2` (kubectl get's"
+        " READY column, as a Deployment's).",
+    )
     standby_replicas: int | None = Field(default=None, description="Standby pods asleep.")
     selector: str | None = Field(
         default=None, description="Label selector of the active serving pods, for an HPA."
@@ -1480,6 +1501,10 @@ class VLLMServiceStatus(_StatusModel):
 # ------------------------------------------------------------------------------------------ resource
 
 _DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_PICKER_IS_OWN_SERVICE = (
+    "spec.inferencePool.endpointPicker.name names this VLLMService's own Service (stoker's): name the"
+    " endpoint picker's Service"
+)
 _NAME_RULES = [
     _cel(
         f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
@@ -1488,6 +1513,11 @@ _NAME_RULES = [
     _cel(
         f"self.metadata.name.matches('{_DNS_1035}')",
         "metadata.name must be a DNS-1035 label (it names a Service)",
+    ),
+    _cel(
+        "!has(self.spec.inferencePool) || self.spec.inferencePool.endpointPicker.name != self.metadata.name",
+        _PICKER_IS_OWN_SERVICE,
+        ".spec.inferencePool.endpointPicker.name",
     ),
 ]
 
@@ -1514,6 +1544,9 @@ class VLLMService(BaseModel):
                 "metadata.name",
                 f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters",
             )
+        pool = self.spec.inference_pool
+        if pool is not None and name is not None and pool.endpoint_picker.name == name:
+            raise FieldError("spec.inferencePool.endpointPicker.name", _PICKER_IS_OWN_SERVICE)
         return self
 
     @property

@@ -25,7 +25,8 @@ from stoker.controller.objects import merge_patch
 from stoker.controller.ownership import (
     ChildConflict,
     claim_signature,
-    foreign_template_fields,
+    foreign_fields,
+    foreign_list_items,
     release,
     signed_for_creation,
     stokers,
@@ -126,20 +127,28 @@ class Actor:
         # The uid read with the owner reference: if the object was replaced since, the API server refuses
         # the apply (uid is immutable) instead of applying to the newcomer.
         child["metadata"]["uid"] = current["metadata"]["uid"]
+        colliding = foreign_list_items(child["kind"], current, child, self.kube.field_manager)
+        if colliding:
+            uid_test = {"op": "test", "path": "/metadata/uid", "value": child["metadata"]["uid"]}
+            self._patch_logged(
+                child, [uid_test, *colliding], "Put back as rendered lists that others added items to"
+            )
         written = self.kube.apply(child)
-        if child["kind"] == "Deployment":
-            foreign = foreign_template_fields(written, self.kube.field_manager)
-            if foreign:
-                meta = child["metadata"]
-                written = self.kube.patch_json(
-                    "apps/v1", "Deployment", meta["namespace"], meta["name"], foreign
-                )
-                log.info(
-                    "Removed from the pod template what stoker does not render deployment=%s/%s paths=%s",
-                    meta["namespace"],
-                    meta["name"],
-                    ",".join(op["path"] for op in foreign if op["op"] == "remove"),
-                )
+        foreign = foreign_fields(child["kind"], written, self.kube.field_manager)
+        if foreign:
+            written = self._patch_logged(child, foreign, "Removed from the spec what stoker does not render")
+        return written
+
+    def _patch_logged(self, child: Manifest, ops: list[Manifest], done: str) -> Manifest:
+        """A JSON patch of a child, logged with the paths it changes (its `test`s left out)."""
+        meta = child["metadata"]
+        written = self.kube.patch_json(
+            child["apiVersion"], child["kind"], meta["namespace"], meta["name"], ops
+        )
+        changed = ",".join(op["path"] for op in ops if op["op"] != "test")
+        log.info(
+            "%s %s=%s/%s paths=%s", done, child["kind"].lower(), meta["namespace"], meta["name"], changed
+        )
         return written
 
     def _taken_since(self, child: Manifest, body: Manifest, error: ApiException) -> Manifest:

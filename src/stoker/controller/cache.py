@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import kopf
 
 from stoker.api import GROUP, KIND, PLURAL, VERSION
-from stoker.controller.warming import Node, node_of
+from stoker.controller.warming import Node, claim_capacity, node_of
 from stoker.render import INSTANCE_LABEL
 
 Manifest = dict[str, Any]
@@ -83,6 +83,9 @@ class ObjectCache:
         self._warming: set[tuple[str, str]] = set()
         # Every Node, as the warming planner reads it (name, labels, allocatable memory; not the rest).
         self._nodes: dict[str, Node] = {}
+        # Every bound PersistentVolumeClaim's capacity, stoker's or not: it bounds what a service's node
+        # warmer may claim of the per-node budget (controller/warming.py).
+        self._capacities: dict[tuple[str, str], int] = {}
 
     def observe(self, kind: str, obj: Manifest, deleted: bool = False) -> None:
         """A watch event: the object as the server has it now, or its deletion."""
@@ -162,11 +165,21 @@ class ObjectCache:
         """A watch event of any object of a kind stoker creates: only whether its name is taken."""
         meta = obj["metadata"]
         key = (kind, meta.get("namespace") or "", meta["name"])
+        capacity = claim_capacity(obj) if kind == "PersistentVolumeClaim" and not deleted else None
         with self._guard:
             if deleted:
                 self._taken.discard(key)
             else:
                 self._taken.add(key)
+            if capacity is None:
+                self._capacities.pop(key[1:], None)
+            else:
+                self._capacities[key[1:]] = capacity
+
+    def claim_capacity(self, namespace: str, name: str) -> int | None:
+        """The capacity of the bound claim `namespace/name` (see name_taken), else None."""
+        with self._guard:
+            return self._capacities.get((namespace, name))
 
     def taken(self, kind: str, namespace: str, name: str) -> bool:
         """Whether the watch saw an object of this name, stoker's or not (see name_taken)."""

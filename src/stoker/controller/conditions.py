@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.controller.diagnose import Problem
-from stoker.controller.warming import Verdict, Warmth, gib
+from stoker.controller.warming import NOTHING_FOUND, Verdict, Warmth, gib
 
 CONDITION_TYPES = (
     "Ready",
@@ -18,7 +18,11 @@ CONDITION_TYPES = (
     "Degraded",
     "StartupRecorded",
     "NodeWarming",
+    "ScaleFromZero",
 )
+SCALE_FROM_ZERO = "ScaleFromZero"
+# Conditions the scale-from-zero loop writes (controller/scalefromzero.py); a reconcile keeps them.
+LOOP_CONDITIONS = (SCALE_FROM_ZERO,)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,14 @@ def cache_seeded_condition(
     )
 
 
-def progressing_condition(gate_closed: bool, seed_job: str, rollout: Rollout) -> Condition:
+def progressing_condition(
+    gate_closed: bool, seed_job: str, rollout: Rollout, blocking: list[Problem] | None = None
+) -> Condition:
+    """`blocking`: what keeps the pods the rollout (or, gate closed, the seed) waits for from starting.
+    Progressing=False with its reason at once, as a Deployment's ProgressDeadlineExceeded, so that a
+    `kubectl wait --for=condition=Available` has a reason to look at."""
+    if blocking and (gate_closed or not rollout.done):
+        return Condition("Progressing", False, blocking[0].reason, _messages(blocking))
     if gate_closed:
         return Condition(
             "Progressing",
@@ -134,11 +145,13 @@ def degraded_condition(
     seed_failed: bool,
 ) -> Condition:
     """The first fault, in the order a user must fix them; `cache_miss` is the detail of a start that
-    compiled despite a seeded cache ("" when its log said no more)."""
+    compiled despite a seeded cache ("" when its log said no more). A problem counts once its grace is over
+    (diagnose.UNSCHEDULABLE_GRACE_SECONDS)."""
+    due = [problem for problem in problems if problem.degrades_in <= 0]
     if apply_errors:
         return Condition("Degraded", True, "ApplyFailed", "; ".join(apply_errors)[:1024])
-    if problems:
-        return Condition("Degraded", True, problems[0].reason, "; ".join(p.message for p in problems)[:1024])
+    if due:
+        return Condition("Degraded", True, due[0].reason, _messages(due))
     if standby_problem:
         return Condition("Degraded", True, "StandbyBackoff", standby_problem)
     if cache_miss is not None:
@@ -151,9 +164,22 @@ def degraded_condition(
         )
     if seed_failed:
         return Condition("Degraded", True, "SeedFailed", "The seed job failed; replicas start cold")
+    if problems:
+        waiting = problems[0]
+        return Condition(
+            "Degraded",
+            False,
+            "AsExpected",
+            f"No fault yet: {waiting.subject} is {waiting.reason}, a fault once it stays so past its grace"
+            " (docs/concepts/conditions.md); see Progressing",
+        )
     return Condition(
         "Degraded", False, "AsExpected", "Children applied; no fault seen in pods, Jobs or volumes"
     )
+
+
+def _messages(problems: list[Problem]) -> str:
+    return "; ".join(p.message for p in problems)[:1024]
 
 
 def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
@@ -165,6 +191,17 @@ def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
     size = (
         f"{gib(wanted)} ({wanted} bytes) per node, within the per-node budget of {gib(verdict.budget_bytes)}"
     )
+    if warmth.nothing_found:
+        nodes = ", ".join(warmth.nothing_found[:5])
+        return Condition(
+            "NodeWarming",
+            False,
+            NOTHING_FOUND,
+            f"The warmer found no checkpoint data to keep on {len(warmth.nothing_found)} of"
+            f" {warmth.desired} nodes ({nodes}): no *.safetensors regular file under the model's path (a"
+            " missing directory, or links, FIFOs or devices, which it does not read); its log says what it"
+            f" skipped. Admitted for {size}",
+        )
     if warmth.done:
         return Condition(
             "NodeWarming",
@@ -181,16 +218,36 @@ def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:
     )
 
 
+def scale_from_zero_condition(picker: str, refused: str | None, retry_seconds: float | None) -> Condition:
+    """Whether the endpoint picker's queue could be read: a refusal names what and when it is read again."""
+    if refused is None:
+        return Condition(
+            SCALE_FROM_ZERO, True, "EndpointPickerRead", f"The queue of endpoint picker {picker} is read"
+        )
+    return Condition(
+        SCALE_FROM_ZERO,
+        False,
+        "EndpointPickerUnreadable",
+        f"Endpoint picker {picker} not read: {refused}; not read again for {retry_seconds or 0:g} s,"
+        " so a request waiting there does not scale this service from zero meanwhile"[:1024],
+    )
+
+
 def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_conditions(
-    previous: list[dict[str, Any]] | None, wanted: list[Condition], generation: int, now: str
+    previous: list[dict[str, Any]] | None,
+    wanted: list[Condition],
+    generation: int,
+    now: str,
+    kept: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """The whole list, in a stable order; a condition keeps its transition time unless its status flips."""
+    """The whole list, in a stable order; a condition keeps its transition time unless its status flips.
+    The previous conditions of the types in `kept` (another writer's) stay as they are."""
     before = {c.get("type"): c for c in previous or []}
-    merged = []
+    merged = [c for c in previous or [] if c.get("type") in kept]
     for condition in sorted(wanted, key=lambda c: CONDITION_TYPES.index(c.type)):
         status = "True" if condition.status else "False"
         old = before.get(condition.type)
@@ -205,4 +262,4 @@ def merge_conditions(
                 "observedGeneration": generation,
             }
         )
-    return merged
+    return sorted(merged, key=lambda c: CONDITION_TYPES.index(str(c["type"])))

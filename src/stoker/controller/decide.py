@@ -1,15 +1,14 @@
 """Decide: from one observed snapshot of a VLLMService and its children to what should be written.
 
 Pure: no API calls, no clocks but the `now` in the snapshot. `decide_children` says which children to
-create or apply (only those whose live object lacks something stoker renders, or whose pod template
-carries fields only others set), which to delete, what the cache status becomes and which Events to post;
+create or apply (only those whose live object lacks something stoker renders, or whose spec carries
+fields only others set), which to delete, what the cache status becomes and which Events to post;
 `decide_status` turns the outcome of those writes into the status and its conditions.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from stoker.api import VLLMService
 from stoker.controller.conditions import (
+    LOOP_CONDITIONS,
     Condition,
     Rollout,
     available_condition,
@@ -30,28 +30,30 @@ from stoker.controller.conditions import (
     recording_condition,
 )
 from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, child_problems
-from stoker.controller.objects import job_outcome, parse_time, still_running
+from stoker.controller.objects import facts_json, job_outcome, parse_time, still_running
 from stoker.controller.ownership import (
+    SeededClaim,
     claim_signature,
     conflicts,
     covers,
-    foreign_template_fields,
+    foreign_fields,
+    made_before_owners_were_recorded,
     never_shrink,
     owned_by,
+    owner_signature,
     proven_seed,
-    seeded_signature,
+    seeded_annotations,
     stokers,
 )
 from stoker.controller.warming import Verdict, node_warmth
 from stoker.predict.model import ModelFacts
 from stoker.render import (
     CACHE_KEY_LABEL,
+    CACHE_OWNER_ANNOTATION,
+    CACHE_OWNER_SIGNATURE_ANNOTATION,
     CLAIM_SIGNATURE_ANNOTATION,
     INFERENCE_POOL_KIND,
-    MODEL_FACTS_ANNOTATION,
     SEED_CLAIM_UID_ANNOTATION,
-    SEEDED_KEY_ANNOTATION,
-    SEEDED_SIGNATURE_ANNOTATION,
     cache_key,
     cache_pvc_name,
     deployment_name,
@@ -73,6 +75,9 @@ FAULT_REASONS = frozenset(
         "ApplyFailed",
         "VolumeProvisioningFailed",
         "PodCreationFailed",
+        "Unschedulable",
+        "OOMKilled",
+        "ModelPathMissing",
         "StandbyBackoff",
         "InferencePoolCRDMissing",
     }
@@ -148,7 +153,8 @@ class ChildrenPlan:
     writes: list[ChildWrite] = field(default_factory=list)
     deletions: list[Manifest] = field(default_factory=list)  # live objects to delete (uid precondition)
     events: list[Event] = field(default_factory=list)
-    reused_facts: str | None = None
+    # What the cache claim proves, or this pass's successful seed Job says, was seeded for the key.
+    seeded_record: SeededClaim | None = None
     recheck_after: float | None = None
 
 
@@ -156,65 +162,71 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     svc, meta = snap.svc, snap.body["metadata"]
     status, uid = snap.body.get("status") or {}, meta["uid"]
     key, short_key = cache_key(svc), short_cache_key(svc)
-    cache = dict(status.get("cache") or {})
+    # Status is output only: what was seeded is what the operator signed on the claim, or what its own
+    # seed Job says now; status.cache as read serves to tell what changed (Events), never to decide.
+    previous = status.get("cache") or {}
     compile_cache = svc.spec.cold_start.compile_cache
     claim_name = cache_pvc_name(svc.name)
     claim = snap.children.get(("PersistentVolumeClaim", claim_name)) if compile_cache.enabled else None
+    # Asked for in the spec (admitted only from an author who may `use` the claim), or this service's own
+    # claim from before owners were recorded.
+    reuse_retained = compile_cache.reuse_retained or made_before_owners_were_recorded(
+        claim, snap.body, snap.signing_key
+    )
     claim_is_ours = claim is not None and stokers(
-        "PersistentVolumeClaim", claim, uid, svc.name, snap.signing_key
+        "PersistentVolumeClaim", claim, uid, svc.name, snap.signing_key, reuse_retained
     )
     claim_uid = claim["metadata"]["uid"] if claim is not None and claim_is_ours else None
     seeding = seed_wanted(svc)
     events: list[Event] = []
-
-    # What status says was seeded holds for the claim it was seeded into: one deleted and re-created
-    # since is empty, whatever annotations it carries.
-    if (
-        claim_uid is not None
-        and cache.get("seededKey")
-        and cache.setdefault("claimUid", claim_uid) != claim_uid
-    ):
-        for stale in ("seededKey", "seededAt", "claimUid"):
-            cache.pop(stale, None)
-        events.append(
-            Event("CacheClaimReplaced", f"PVC {claim_name} was re-created empty; seeding it again", True)
-        )
-    reused_facts = None
-    proven = proven_seed(claim, snap.signing_key) if claim_is_ours else None
-    if seeding and proven is not None and proven.key == key and cache.get("seededKey") != key:
-        # A kept cache (an earlier VLLMService of this name, or this one before an edit and back) that
-        # the operator's signature proves it seeded for this key: no seed Job, and the facts it read.
-        cache.update(seededKey=key, seededAt=snap.now, claimUid=claim_uid)
-        reused_facts = proven.facts
+    proven = proven_seed(claim, snap.signing_key, uid) if claim_is_ours else None
+    seeded_record = proven if seeding and proven is not None and proven.key == key else None
+    if seeded_record is not None and previous.get("seededKey") != key:
+        # A kept cache (this VLLMService's before an edit and back, or one it took over and reseeded) that
+        # the operator's signature proves it seeded for this key: no seed Job.
         events.append(Event("CacheReused", f"PVC {claim_name} holds the compile cache for key {short_key}"))
 
     seed_name = seed_job_name(svc.name, short_key)
     seed_recorded = ((status.get("startup") or {}).get("seed") or {}).get("cacheKey") == short_key
     # Once seeded and its run recorded, the Job has nothing more to tell.
-    seed_needed = seeding and not (cache.get("seededKey") == key and seed_recorded)
+    seed_needed = seeding and not (seeded_record is not None and seed_recorded)
     seed_job = next((j for j in snap.seed_jobs if j["metadata"]["name"] == seed_name), None)
     in_the_way = conflicts(
         uid, svc.name, [("Job", seed_job)] if seed_job is not None else [], snap.signing_key
     )
     deletions: list[Manifest] = []
     seed_job_leaving = False
-    if seed_job is not None and not in_the_way:
-        filled = (seed_job["metadata"].get("annotations") or {}).get(SEED_CLAIM_UID_ANNOTATION)
-        if filled and claim_uid and filled != claim_uid and cache.get("seededKey") != key:
+    # The claim a seed Job filled (none on the first one, created with its claim): its success counts only
+    # for that claim, and only while the claim is there.
+    filled = ((seed_job or {}).get("metadata", {}).get("annotations") or {}).get(SEED_CLAIM_UID_ANNOTATION)
+    if seed_job is not None and not in_the_way and seeded_record is None:
+        if filled and claim_uid and filled != claim_uid:
             # It filled a claim that is gone: run it again for the new one, once this one is deleted.
             deletions.append(seed_job)
             seed_job_leaving = True
+        replaced = claim_uid is not None and previous.get("claimUid") not in (None, claim_uid)
+        if seed_job_leaving or replaced:
+            events.append(
+                Event("CacheClaimReplaced", f"PVC {claim_name} was re-created empty; seeding it again", True)
+            )
     if not seed_needed or in_the_way or seed_job_leaving:
         seed_job = None  # a Job stoker did not create tells nothing about the cache
     seed_outcome = job_outcome(seed_job)
-    if seed_outcome == "succeeded" and cache.get("seededKey") != key:
-        cache.update(
-            seededKey=key,
-            seededAt=(seed_job or {}).get("status", {}).get("completionTime") or snap.now,
-            claimUid=claim_uid,
-        )
-        events.append(Event("CacheSeeded", f"Seed job {seed_name} filled the compile cache"))
-    seeded = seeding and cache.get("seededKey") == key
+    facts = _facts_of_key(status, short_key)  # the operator's own (Reconciler.trusted_body), not a tenant's
+    fills_this_claim = claim_uid is not None and filled in (None, claim_uid)
+    if seed_outcome == "succeeded" and seeded_record is None and fills_this_claim:
+        at = (seed_job or {}).get("status", {}).get("completionTime") or snap.now
+        seeded_record = SeededClaim(key, at, facts)
+        if previous.get("seededKey") != key:
+            events.append(Event("CacheSeeded", f"Seed job {seed_name} filled the compile cache"))
+    if seeded_record is not None and facts is not None:
+        seeded_record = replace(seeded_record, facts=facts)
+    seeded = seeded_record is not None
+    cache: Manifest = {}
+    if seeded_record is not None:
+        cache = {"seededKey": key, "seededAt": seeded_record.at}
+        if claim_uid is not None:
+            cache["claimUid"] = claim_uid
     # The serving pods' memory request counts the checkpoint the seed measured (render/memory.py): the
     # replicas wait for its run to be recorded, a second after the Job as a rule, so that they do not roll
     # again when it is; SEED_RECORD_GRACE_SECONDS at most, for a log that cannot be read.
@@ -223,12 +235,10 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         if seeded and seed_outcome == "succeeded" and not seed_recorded
         else 0.0
     )
-    # Facts a kept claim brings reach status with this pass: the replicas start with the next one.
-    facts_arriving = reused_facts is not None and _facts_of_key(status, short_key) is None
     gate_closed = (
         seeding
         and svc.spec.cold_start.seed.gate_rollout
-        and (not seeded or record_wait > 0 or facts_arriving)
+        and (not seeded or record_wait > 0)
         and seed_outcome != "failed"
     )
     plan = ChildrenPlan(
@@ -244,10 +254,8 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         claim_name=claim_name,
         events=events,
         deletions=deletions,
-        reused_facts=reused_facts,
-        recheck_after=(
-            DELETION_RECHECK_SECONDS if seed_job_leaving else 0.0 if facts_arriving else record_wait or None
-        ),
+        seeded_record=seeded_record,
+        recheck_after=DELETION_RECHECK_SECONDS if seed_job_leaving else record_wait or None,
     )
     rendered = (
         render_children(
@@ -267,6 +275,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         svc.name,
         [(kind, obj) for (kind, _), obj in snap.children.items() if obj is not None],
         snap.signing_key,
+        reuse_retained,
     )
     if in_the_way:
         # Nothing is applied, patched or deleted while anything is in the way: the serving pods do not
@@ -276,7 +285,6 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
         return plan
 
     deployment = snap.children.get(("Deployment", deployment_name(svc.name)))
-    facts = reused_facts or _facts_of_key(status, short_key)
     retain = compile_cache.retention_policy == "Retain" and snap.signing_key is not None
     for child in map(copy.deepcopy, rendered):  # annotated and owned below: the snapshot stays as it was
         kind, name = child["kind"], child["metadata"]["name"]
@@ -299,13 +307,14 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
             # Signed when created (act.py); applied with the rest so that the apply owns it too.
             annotations = child["metadata"].setdefault("annotations", {})
             annotations[CLAIM_SIGNATURE_ANNOTATION] = claim_signature(snap.signing_key, current)
-            if is_cache_claim and seeded:
-                annotations[SEEDED_KEY_ANNOTATION] = key
-                if facts is not None:
-                    annotations[MODEL_FACTS_ANNOTATION] = facts
-                annotations[SEEDED_SIGNATURE_ANNOTATION] = seeded_signature(
-                    snap.signing_key, current, key, facts
-                )
+            if is_cache_claim:
+                # Whose it is (a claim taken over with reuseRetained changes owner here), and what was
+                # seeded into it for that owner.
+                annotations[CACHE_OWNER_ANNOTATION] = uid
+                signature = owner_signature(snap.signing_key, current, uid)
+                annotations[CACHE_OWNER_SIGNATURE_ANNOTATION] = signature
+                if seeded_record is not None:
+                    annotations.update(seeded_annotations(snap.signing_key, current, uid, seeded_record))
         release_owner = retained and current is not None and owned_by(current, uid)
         if not retained:
             # A cache claim to keep is created with an owner reference too, and lets go of it next pass.
@@ -360,11 +369,9 @@ def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
 
 
 def _as_rendered(snap: Snapshot, desired: Manifest, live: Manifest) -> bool:
-    """Whether the live child has everything stoker renders, and (a Deployment) nothing in its pod
-    template that only others set."""
-    if not covers(live, desired):
-        return False
-    return desired["kind"] != "Deployment" or not foreign_template_fields(live, snap.field_manager)
+    """Whether the live child has everything stoker renders, and nothing in its spec that only others
+    set: every kind compared whole, as the pod template is."""
+    return covers(live, desired) and not foreign_fields(desired["kind"], live, snap.field_manager)
 
 
 def _facts_of_key(status: Manifest, short_key: str) -> str | None:
@@ -372,7 +379,7 @@ def _facts_of_key(status: Manifest, short_key: str) -> str | None:
     startup = status.get("startup") or {}
     if startup.get("modelCacheKey") != short_key or not startup.get("model"):
         return None
-    return json.dumps(startup["model"], sort_keys=True, separators=(",", ":"))
+    return facts_json(startup["model"])
 
 
 @dataclass(frozen=True)
@@ -399,6 +406,7 @@ class StatusPlan:
     status: Manifest
     events: list[Event]
     result: str  # for metrics: converged or waiting
+    recheck_after: float | None = None  # seconds until a problem seen counts as Degraded
 
 
 def decide_status(
@@ -425,9 +433,12 @@ def decide_status(
         deployment=deployment,
         job=plan.seed_job,
         job_events=snap.job_events,
-        pods=snap.pods + snap.seed_pods,
+        pods=snap.pods,
+        seed_pods=snap.seed_pods,
     )
-    problems = child_problems(observed)
+    problems = child_problems(observed, parse_time(snap.now))
+    # What the gate waits for is the seed; once open, the replicas.
+    blocking = [p for p in problems if plan.gate_closed or not p.of_seed]
 
     desired = svc.spec.runtime.replicas
     total = pod_count(svc)
@@ -461,7 +472,7 @@ def decide_status(
         ready_condition(plan.gate_closed, plan.seed_name, serves_all, rollout),
         available_condition(rollout),
         cache_seeded_condition(plan.seeding, plan.seeded, plan.seed_outcome, plan.seed_name, plan.short_key),
-        progressing_condition(plan.gate_closed, plan.seed_name, rollout),
+        progressing_condition(plan.gate_closed, plan.seed_name, rollout, blocking),
         degraded,
     ]
     recording = recording_condition(startup.get("recording"))
@@ -484,16 +495,15 @@ def decide_status(
     new_status: Manifest = {
         **status,
         "observedGeneration": generation,
-        "conditions": merge_conditions(status.get("conditions"), conditions, generation, snap.now),
+        "conditions": merge_conditions(
+            status.get("conditions"), conditions, generation, snap.now, loop_conditions(snap.body)
+        ),
         "replicas": int(dep_status.get("replicas") or 0) if standby is None else standby.active,
         "readyReplicas": serving,
+        "ready": f"{serving}/{desired}",
         "selector": serving_selector(svc),
         "cache": cache,
     }
-    if plan.reused_facts is not None:
-        reused = _reused_model(plan.reused_facts)
-        if reused is not None:
-            new_status["startup"] = {**startup, "model": reused, "modelCacheKey": plan.short_key}
     pool = outcome.children.get((INFERENCE_POOL_KIND, svc.name)) if svc.spec.inference_pool else None
     new_status.pop("inferencePool", None)
     if pool is not None:
@@ -504,7 +514,10 @@ def decide_status(
     new_status.pop("nodeWarming", None)
     if warmth is not None:
         new_status["nodeWarming"] = warmth.document
-    return StatusPlan(new_status, events, "waiting" if plan.gate_closed else "converged")
+    graces = [p.degrades_in for p in problems if p.degrades_in > 0]
+    return StatusPlan(
+        new_status, events, "waiting" if plan.gate_closed else "converged", min(graces, default=None)
+    )
 
 
 def inference_pool_crd_missing_condition(resource: str) -> Condition:
@@ -535,12 +548,52 @@ def blocked_status(body: Manifest, reason: str, message: str, now: str) -> Statu
     if _changed(status, conditions[-1]) or status.get("observedGeneration") != generation:
         events.append(Event(reason, message, True))
     new_status = dict(status, observedGeneration=generation)
-    new_status["conditions"] = merge_conditions(status.get("conditions"), conditions, generation, now)
+    new_status["conditions"] = merge_conditions(
+        status.get("conditions"), conditions, generation, now, loop_conditions(body)
+    )
     return StatusPlan(new_status, events, "invalid" if reason == "InvalidSpec" else "conflict")
 
 
-def _reused_model(facts: str) -> Manifest | None:
-    """The facts a reused cache claim carries, if they are valid model facts."""
+def loop_conditions(body: Manifest) -> tuple[str, ...]:
+    """The conditions another writer keeps on this VLLMService: the scale-from-zero loop's while the spec
+    asks for scale from zero (dropped with it)."""
+    pool = (body.get("spec") or {}).get("inferencePool")
+    return LOOP_CONDITIONS if isinstance(pool, dict) and pool.get("scaleFromZero") is not None else ()
+
+
+def trusted_body(
+    body: Manifest,
+    svc: VLLMService,
+    claim: Manifest | None,
+    signing_key: str | None,
+    recorded_facts: str | None,
+) -> Manifest:
+    """`body` with status.startup.model and modelCacheKey as the operator itself knows them for the current
+    cache key: the facts it signed on the compile-cache claim with this service's seed, else those its
+    startup recorder read from this service's seed log (`recorded_facts`, JSON), else none. What a tenant
+    with /status rights wrote there is never read, and the status written from this body restores it."""
+    short_key = short_cache_key(svc)
+    proven = proven_seed(claim, signing_key, body["metadata"]["uid"])
+    facts = proven.facts if proven is not None and proven.key == cache_key(svc) and proven.facts else None
+    model = _valid_model(facts or recorded_facts)
+    status = dict(body.get("status") or {})
+    startup = {name: value for name, value in (status.get("startup") or {}).items() if name not in _FACTS}
+    if model is not None:
+        startup.update(model=model, modelCacheKey=short_key)
+    if startup:
+        status["startup"] = startup
+    else:
+        status.pop("startup", None)
+    return {**body, "status": status}
+
+
+_FACTS = ("model", "modelCacheKey")
+
+
+def _valid_model(facts: str | None) -> Manifest | None:
+    """Facts as JSON (a claim's annotation, the recorder's), if they are valid model facts."""
+    if not facts:
+        return None
     try:
         return ModelFacts.model_validate_json(facts).model_dump(mode="json", by_alias=True)
     except ValidationError:

@@ -7,6 +7,7 @@ owner references. The drift resync runs from the work queue (see workqueue).
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 from collections.abc import Iterator, Mapping
@@ -15,8 +16,11 @@ from typing import Any
 import kopf
 
 from stoker.api import GROUP, PLURAL, VERSION
+from stoker.api.owned import COMPONENT_LABEL
+from stoker.controller.diagnose import pod_problem
 from stoker.controller.objects import pod_is_ready
 from stoker.controller.workqueue import WorkQueue
+from stoker.render.names import COMPONENT_SEED
 
 FINALIZER = f"{GROUP}/finalizer"
 
@@ -79,6 +83,13 @@ def pod_ready(body: kopf.Body, **_: Any) -> bool:
     return pod_is_ready(dict(body))
 
 
+def pod_in_trouble(body: kopf.Body, labels: Mapping[str, str], **_: Any) -> bool:
+    """A pod that says why it does not start (the scheduler's or kubelet's word, a seed's exit): news for
+    the conditions within one reconcile; the Deployment's or Job's status may not move for it."""
+    of_seed = labels.get(COMPONENT_LABEL) == COMPONENT_SEED
+    return pod_problem(dict(body), of_seed, dt.datetime.now(dt.UTC)) is not None
+
+
 def register(queue: WorkQueue, startups: WorkQueue) -> None:
     """Register the handlers on kopf's default registry (it carries kopf's login handlers). `startups` is
     the startup recorder's queue: a pod turning Ready, a seed Job finishing and a rollout's end are its
@@ -115,9 +126,16 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "daemonsets", labels=MANAGED, id="child")
+    @kopf.on.event("v1", "services", labels=MANAGED, id="child")
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_ready, id="child")
     async def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
             queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
             startups.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
+
+    @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_in_trouble, id="troubled")
+    async def pod_troubled(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        owner = labels.get(INSTANCE_LABEL)
+        if owner:
+            queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)

@@ -302,6 +302,31 @@ class Kube:
         )
         return cast(Manifest, patched)
 
+    def set_service_condition(self, namespace: str, name: str, condition: Manifest) -> None:
+        """Put one condition in place of the VLLMService's condition of its type, unless it says the same
+        already; the patch carries the resourceVersion read (409 if the status changed since)."""
+        self._fenced()
+        current = self.get_service(namespace, name)
+        if current is None:
+            return
+        conditions = (current.get("status") or {}).get("conditions") or []
+        same = ("type", "status", "reason", "message")
+        if any(all(c.get(k) == condition[k] for k in same) for c in conditions):
+            return
+        others = [c for c in conditions if c.get("type") != condition["type"]]
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "status": {"conditions": [*others, condition]},
+            },
+            field_manager=self.field_manager,
+        )
+
     def pod_log_lines(self, namespace: str, pod: str, container: str, limit_bytes: int) -> Iterator[str]:
         """The container's log with kubelet timestamps, streamed line by line and bounded in size."""
         response: Any = self.core.read_namespaced_pod_log(

@@ -22,7 +22,7 @@ from stoker.controller.controlkey import ControlKeyError, ensure_control_key
 from stoker.controller.kube import Kube, load_config
 from stoker.controller.leader import Leadership
 from stoker.controller.reconcile import Reconciler
-from stoker.controller.settings import OperatorSettings
+from stoker.controller.settings import OperatorSettings, settings_help
 from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import WorkQueue
 
@@ -31,7 +31,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="stoker run", description="Run the operator. Settings come from STOKER_* environment variables."
+        prog="stoker run",
+        description="Run the operator. Settings come from STOKER_* environment variables.",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.parse_args(argv)
     try:
@@ -41,7 +44,8 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     load_config()
-    kube = Kube(settings.field_manager, connections=settings.workers + 4)
+    # A connection for each worker and each endpoint-picker reader, none discarded.
+    kube = Kube(settings.field_manager, connections=settings.workers + 4 + scalefromzero.READERS)
     if settings.control_key is None and settings.control_key_secret:
         try:
             key = ensure_control_key(kube, settings.operator_namespace, settings.control_key_secret)

@@ -32,21 +32,25 @@ STARTUP_PHASE_SECONDS = Histogram(
 STARTUP_TOTAL_SECONDS = Histogram(
     "stoker_startup_total_seconds",
     "Seconds from process start to a serving engine.",
-    ["role"],
+    ["namespace", "name", "role"],
     buckets=STARTUP_BUCKETS,
 )
 STARTUP_READY_GAP_SECONDS = Histogram(
     "stoker_startup_ready_gap_seconds",
     "Seconds from a serving engine's `Starting vLLM server on` log line to its pod's Ready condition (the"
     " readiness probes' delay; the condition has whole seconds).",
+    ["namespace", "name"],
     buckets=(0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 20, 60),
 )
 COMPILE_CACHE_RESULTS = Counter(
-    "stoker_compile_cache_total", "Startups by compile-cache outcome (hit, miss, none).", ["result", "role"]
+    "stoker_compile_cache_total",
+    "Startups by compile-cache outcome (hit, miss, none).",
+    ["namespace", "name", "result", "role"],
 )
 STANDBY_WAKE_SECONDS = Histogram(
     "stoker_standby_wake_seconds",
     "Seconds from POST /wake_up to a served completion, per woken standby pod.",
+    ["namespace", "name"],
     buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
 )
 STANDBY_TRANSITIONS = Counter(
@@ -137,8 +141,22 @@ def set_node_warming(service: tuple[str, str], document: dict[str, Any] | None) 
     NODE_WARMING_NODES.labels(*service, "cold").set(max(0, desired - warm))
 
 
+# The per-service histograms and counter, with the label values each may carry after namespace and name.
+_ROLES = [("serve",), ("seed",)]
+_PER_SERVICE_SERIES = (
+    (STARTUP_TOTAL_SECONDS, _ROLES),
+    (STARTUP_READY_GAP_SECONDS, [()]),
+    (STANDBY_WAKE_SECONDS, [()]),
+    (COMPILE_CACHE_RESULTS, [(result, *role) for result in ("hit", "miss", "none") for role in _ROLES]),
+)
+
+
 def forget_service(namespace: str, name: str) -> None:
     for gauge in _PER_SERVICE_GAUGES:
         set_startup_seconds(gauge, (namespace, name), {})
     set_until_serving_seconds((namespace, name), None)
     set_node_warming((namespace, name), None)
+    for metric, label_sets in _PER_SERVICE_SERIES:
+        for values in label_sets:
+            with contextlib.suppress(KeyError):  # none was observed
+                metric.remove(namespace, name, *values)

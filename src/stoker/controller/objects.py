@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 Manifest = dict[str, Any]
@@ -60,3 +61,8 @@ def merge_patch(before: Manifest, after: Manifest) -> Manifest:
         patch[key] = merge_patch(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     patch.update({key: None for key in before.keys() - after.keys()})
     return patch
+
+
+def facts_json(model: Manifest) -> str:
+    """Model facts (status.startup.model) as the JSON text the operator signs on a cache claim."""
+    return json.dumps(model, sort_keys=True, separators=(",", ":"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
@@ -20,13 +21,14 @@ from stoker.controller.decide import Snapshot, job_outcome
 from stoker.controller.diagnose import worth_a_closer_look
 from stoker.controller.kube import Kube, Manifest, ResourceMissing
 from stoker.controller.ownership import created_by_deployment
-from stoker.controller.warming import Verdict, candidate, plan_warming
+from stoker.controller.warming import Candidate, Verdict, candidate, plan_warming, weights_claim
 from stoker.render import (
     COMPONENT_LABEL,
     COMPONENT_SEED,
     INFERENCE_POOL_API_VERSION,
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_PLURAL,
+    cache_pvc_name,
     deployment_name,
     node_warmer_name,
     render_children,
@@ -47,6 +49,7 @@ class Observer:
         programs_image: str,
         warming_budget: int = 0,
         warming_reserve: int = 0,
+        warming_quotas: Mapping[str, int] | None = None,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -54,6 +57,7 @@ class Observer:
         self.programs_image = programs_image
         self.warming_budget = warming_budget  # per node, bytes (coldStart.nodeWarming)
         self.warming_reserve = warming_reserve
+        self.warming_quotas = dict(warming_quotas or {})  # namespace -> bytes per node
 
     def service(self, namespace: str, name: str) -> Manifest | None:
         return self.cache.get(KIND, namespace, name)
@@ -94,7 +98,8 @@ class Observer:
         seed_job = next((j for j in seed_jobs if j["metadata"]["name"] == seed_name), None)
         seed_pods = (
             self.cache.of_instance("Pod", namespace, name, labels_match({JOB_NAME_LABEL: seed_name}))
-            if seed_job is not None and job_outcome(seed_job) == "running"
+            # A failed seed's pods say why it failed (their log tails).
+            if seed_job is not None and job_outcome(seed_job) in ("running", "failed")
             else []
         )
         now = dt.datetime.now(dt.UTC)
@@ -155,23 +160,35 @@ class Observer:
         """This service's share of the per-node budget, planned with every warming service the cache holds
         (this one as observed now)."""
         key = (str(svc.namespace), svc.name)
-        candidates = [candidate(svc)]
+        candidates = [self._candidate(svc)]
         for body in self.cache.warming_services():
             meta = body["metadata"]
             if (meta.get("namespace"), meta.get("name")) == key:
                 continue
             try:
-                candidates.append(candidate(VLLMService.model_validate(body)))
+                candidates.append(self._candidate(VLLMService.model_validate(body)))
             except (ValidationError, ValueError):
                 continue  # an invalid spec runs nothing, so it warms nothing
-        verdicts = plan_warming(candidates, self.cache.nodes(), self.warming_budget, self.warming_reserve)
+        verdicts = plan_warming(
+            candidates, self.cache.nodes(), self.warming_budget, self.warming_reserve, self.warming_quotas
+        )
         return verdicts[key]
+
+    def _candidate(self, svc: VLLMService) -> Candidate:
+        return candidate(svc, self.cache.claim_capacity(str(svc.namespace), weights_claim(svc)))
 
     def _inference_pool(self, namespace: str, name: str) -> Manifest | None:
         """An InferencePool, read with a GET: its CRD may be missing, and kopf would watch a missing
         resource in vain, so the pools are not watched (only services that set spec.inferencePool read
         theirs, once per pass). Raises ResourceMissing without the CRD."""
         return self.kube.get_custom(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_PLURAL, namespace, name)
+
+    def compile_cache_claim(self, svc: VLLMService) -> Manifest | None:
+        """The service's compile-cache claim as the watch cache holds it (stoker labels its claims), if
+        the spec keeps one."""
+        if not svc.spec.cold_start.compile_cache.enabled:
+            return None
+        return self.cache.get("PersistentVolumeClaim", str(svc.namespace), cache_pvc_name(svc.name))
 
     def _child(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         """The child from the watch cache; an unlabelled object of its name is read, as it is in the way."""

@@ -26,6 +26,7 @@ from stoker.controller.decide import (
     decide_children,
     decide_status,
     first_reaction,
+    trusted_body,
 )
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.observe import Observer
@@ -33,7 +34,7 @@ from stoker.controller.settings import OperatorSettings
 from stoker.controller.standby import StandbyPool
 from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
-from stoker.render import deployment_name
+from stoker.render import deployment_name, short_cache_key
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Reconciler:
             settings.programs_image,
             settings.node_warming_budget_bytes,
             settings.node_warming_reserve_bytes,
+            settings.node_warming_namespace_quota_bytes,
         )
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).
@@ -107,7 +109,19 @@ class Reconciler:
             # Reported in status and as an Event; a retry changes nothing until the spec does.
             return self._settle(body, blocked_status(body, "InvalidSpec", user_message(error), now_rfc3339()))
         token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
-        snapshot = self.observer.snapshot(body, svc, token, self.standby.key)
+        # Decided from what the operator knows, not from what a tenant wrote in status; the status written
+        # at the end is compared with `body` as read, so a forged field is written over.
+        meta = body["metadata"]
+        known = trusted_body(
+            body,
+            svc,
+            self.observer.compile_cache_claim(svc),
+            self.standby.key,
+            self.startups.seed_facts((meta["namespace"], meta["name"]), meta["uid"], short_cache_key(svc)),
+        )
+        if known.get("status") != body.get("status"):
+            svc = VLLMService.model_validate(known)
+        snapshot = self.observer.snapshot(known, svc, token, self.standby.key)
         plan = decide_children(snapshot)
         if self.others_waiting() and (first := first_reaction(plan)) is not None:
             plan = first  # a burst of new services: each one's Deployment before anyone's other children
@@ -131,13 +145,13 @@ class Reconciler:
         status = decide_status(snapshot, plan, written, standby)
         self._settle(body, status)
         metrics.set_node_warming((svc.namespace or "", svc.name), status.status.get("nodeWarming"))
-        meta = body["metadata"]
         self.startups.follow(
             (meta["namespace"], meta["name"]), int(meta.get("generation") or 0), plan.cache.get("seededKey")
         )
         if written.apply_errors:
             # Reported in status; the work queue retries with a growing delay.
             raise ChildrenNotApplied("; ".join(written.apply_errors))
+        waits.append(status.recheck_after)
         due = [seconds for seconds in waits if seconds is not None]
         return status.result, min(due) if due else None
 

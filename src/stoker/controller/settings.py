@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from ipaddress import IPv4Address, IPv6Address
+from typing import Annotated
 
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stoker.render.memory import GIB
@@ -99,9 +103,15 @@ class OperatorSettings(BaseSettings):
     node_warming_budget_gib: float = Field(
         32.0,
         gt=0,
-        description="Host memory per node that coldStart.nodeWarming may keep in the page cache, shared by"
-        " every warming service (each service's checkpoint and import pages, admitted in creation order"
-        " until the budget is spent).",
+        description="Host memory per node that coldStart.nodeWarming may keep in the page cache, shared"
+        " fairly between the namespaces that warm: each gets the budget split evenly between them (or its"
+        " quota), and what that leaves goes to the namespace holding least (controller/warming.py).",
+    )
+    node_warming_namespace_quotas_gib: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="Per-namespace caps on the node warming budget, GiB per node (JSON object, namespace to"
+        " GiB): a namespace listed never holds more, whatever is left. Unlisted namespaces have no cap but"
+        " the fair sharing of the budget.",
     )
     node_warming_reserve_gib: float = Field(
         4.0,
@@ -143,6 +153,10 @@ class OperatorSettings(BaseSettings):
         return int(self.node_warming_budget_gib * GIB)
 
     @property
+    def node_warming_namespace_quota_bytes(self) -> dict[str, int]:
+        return {ns: int(gib * GIB) for ns, gib in self.node_warming_namespace_quotas_gib.items()}
+
+    @property
     def node_warming_reserve_bytes(self) -> int:
         return int(self.node_warming_reserve_gib * GIB)
 
@@ -150,3 +164,28 @@ class OperatorSettings(BaseSettings):
     def liveness_endpoint(self) -> str:
         host = self.liveness_bind_address
         return f"http://{f'[{host}]' if isinstance(host, IPv6Address) else host}:{self.liveness_port}/healthz"
+
+
+def _shown_default(setting: FieldInfo) -> str:
+    value = setting.get_default(call_default_factory=True)
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return json.dumps(value)
+    return json.dumps(value) if value == "" else str(value)
+
+
+def settings_help() -> str:
+    """Every setting as `stoker run --help` lists it: its variable, default and description (from the model,
+    so that the list cannot fall behind it)."""
+    prefix = OperatorSettings.model_config.get("env_prefix", "")
+    lines = ["settings (environment variables):"]
+    for name, setting in OperatorSettings.model_fields.items():
+        lines.append(f"  {prefix}{name.upper()} (default: {_shown_default(setting)})")
+        if setting.description:
+            lines += textwrap.wrap(
+                setting.description, width=100, initial_indent="      ", subsequent_indent="      "
+            )
+    return "\n".join(lines)

@@ -304,7 +304,7 @@ class StandbyPool:
             needed -= 1
             succeeded()
             metrics.STANDBY_TRANSITIONS.labels("wake", "ok").inc()
-            metrics.STANDBY_WAKE_SECONDS.observe(timing.served_seconds)
+            metrics.STANDBY_WAKE_SECONDS.labels(*key).observe(timing.served_seconds)
             outcome.last_wake = {
                 "pod": pod.name,
                 "wakeSeconds": round(timing.wake_seconds, 3),

@@ -3,8 +3,10 @@ coefficients learned from it, on a work queue of its own.
 
 Reading logs, pod events and nodes is slow and can fail; none of it runs in the VLLMService's reconcile, so
 a slow log read delays only other log reads, never a child's write. The recorder writes `status.startup`
-(a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded, the last
-start's compile cache and the model facts, and writes there only the facts a reused cache claim brings.
+(a merge patch of what changed); the reconcile reads from it whether the seed's run is recorded and the last
+start's compile cache. The model facts a seed printed reach the reconcile from this recorder's memory
+(`seed_facts`), never from status, which a user with /status rights can write: the reconcile signs them on
+the cache claim and rewrites status.startup.model from there on every pass.
 The object, its pods, Jobs and Deployments come from the reconcile's watch cache (each status write goes
 in at once); the API server is asked for logs, pod events and nodes.
 
@@ -35,6 +37,7 @@ from stoker.controller.coefficients import CoefficientStore, RecordOutcome
 from stoker.controller.conditions import now_rfc3339
 from stoker.controller.kube import Kube, Manifest
 from stoker.controller.objects import (
+    facts_json,
     job_outcome,
     main_container_status,
     merge_patch,
@@ -138,15 +141,23 @@ class StartupRecorder:
         self._guard = threading.Lock()
         # (generation, seeded cache key) of each object as the reconcile last saw it.
         self._followed: dict[ObjectKey, tuple[int, str | None]] = {}
-        # (pod uid, restarts) of each unreadable log -> (failed reads, when to read it again).
         # (pod uid, restarts) -> failed reads in a row, and when to read again (None: given up)
         self._log_retry: dict[tuple[str, int], tuple[int, float | None]] = {}
+        # The model facts this process read from each object's seed log: (object uid, short cache key,
+        # facts as JSON). The reconcile signs them onto the cache claim from here, never from status.
+        self._seed_facts: dict[ObjectKey, tuple[str, str, str]] = {}
 
     def start(self) -> None:
         self.queue.start()
 
     def stop(self) -> None:
         self.queue.stop()
+
+    def seed_facts(self, key: ObjectKey, uid: str, short_key: str) -> str | None:
+        """The model facts (JSON) this recorder read from the seed of this object (uid) and cache key."""
+        with self._guard:
+            found = self._seed_facts.get(key)
+        return found[2] if found is not None and found[:2] == (uid, short_key) else None
 
     def follow(self, key: ObjectKey, generation: int, seeded_key: str | None) -> None:
         """The reconcile's view of an object: a prediction depends on its spec and on whether its cache
@@ -165,6 +176,7 @@ class StartupRecorder:
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._guard:
                 self._followed.pop(key, None)
+                self._seed_facts.pop(key, None)
             metrics.forget_service(namespace, name)
             return GONE
         try:
@@ -176,7 +188,11 @@ class StartupRecorder:
         uid = body["metadata"]["uid"]
         key_now, short_key = cache_key(svc), short_cache_key(svc)
         seeding = seed_wanted(svc)
-        seeded = seeding and (status.get("cache") or {}).get("seededKey") == key_now
+        # Whether the cache is seeded for this key as the reconcile decided it (`follow`), not as status says:
+        # a user with /status rights writes status.
+        with self._guard:
+            followed = self._followed.get(key)
+        seeded = seeding and followed is not None and followed[1] == key_now
         seed_job = None
         if seeding and not (seeded and (before.get("seed") or {}).get("cacheKey") == short_key):
             job = self.cache.get("Job", namespace, seed_job_name(svc.name, short_key))
@@ -334,7 +350,7 @@ class StartupRecorder:
         ready_gap = ready_gap_seconds(pod, timeline.ready_at) if role == "serve" else None
         if ready_gap is not None:
             phases[READY_GAP_PHASE] = ready_gap
-            metrics.STARTUP_READY_GAP_SECONDS.observe(ready_gap)
+            metrics.STARTUP_READY_GAP_SECONDS.labels(namespace, body["metadata"]["name"]).observe(ready_gap)
         record: Manifest = {
             "pod": pod_name,
             "totalSeconds": round(timeline.total_seconds or 0.0, 2),
@@ -353,8 +369,9 @@ class StartupRecorder:
             record["readyGapSeconds"] = round(ready_gap, 2)
         for phase, seconds in phases.items():
             metrics.STARTUP_PHASE_SECONDS.labels(phase, role).observe(seconds)
-        metrics.STARTUP_TOTAL_SECONDS.labels(role).observe(record["totalSeconds"])
-        metrics.COMPILE_CACHE_RESULTS.labels(timeline.compile_cache, role).inc()
+        service = (namespace, body["metadata"]["name"])
+        metrics.STARTUP_TOTAL_SECONDS.labels(*service, role).observe(record["totalSeconds"])
+        metrics.COMPILE_CACHE_RESULTS.labels(*service, timeline.compile_cache, role).inc()
         self.kube.post_event(
             body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
         )
@@ -412,6 +429,12 @@ class StartupRecorder:
                 )
                 startup["model"] = seed_facts.model_dump(mode="json", by_alias=True)
                 startup["modelCacheKey"] = start.record["cacheKey"]
+                with self._guard:
+                    self._seed_facts[(meta["namespace"], meta["name"])] = (
+                        meta["uid"],
+                        start.record["cacheKey"],
+                        facts_json(startup["model"]),
+                    )
         facts = _checked_facts(startup)
         # Facts hold for starts of the key whose seed read them: another key may be another model.
         current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None

@@ -1,11 +1,22 @@
 """Which VLLMServices with coldStart.nodeWarming get a node warmer, and what it keeps: pure.
 
-The per-node budget (STOKER_NODE_WARMING_BUDGET_GIB) is shared by every warming service in the cluster,
-admitted in creation order (ties by namespace/name) while their wanted bytes fit what is left of it. That
-is conservative: two services whose replicas land on disjoint nodes still share one budget, since which
-nodes overlap changes with every label and the sum is what one node may be asked to hold. A service also
-needs a node its replicas can land on (runtime.nodeSelector, the required node affinity and the taints its
-tolerations tolerate) with allocatable memory for its pages beside one serving pod's memory request.
+What a service may keep warm is its claim: the checkpoint's bytes as its seed reported them, never more
+than the capacity of the volume that holds them (the API server's figure for the bound claim, which the
+tenant cannot write), plus the import pages as the seed recorded them. The seed runs the tenant's image,
+so the claim is untrusted; what bounds the harm of a false one:
+- the warmer is started with its admitted bytes as --budget-bytes and a memory limit just above them, so
+  it never holds more than it was admitted for, whatever it finds or runs (a claim too small hurts only
+  its own service);
+- the per-node budget (STOKER_NODE_WARMING_BUDGET_GIB) is shared fairly between namespaces: each first
+  gets its fair share (the budget split evenly between the namespaces that warm, or its admin-set quota
+  where smaller), and only what that leaves goes to services over a share, the namespace that holds least
+  first. So a claim too large costs only its own namespace's share, and a namespace arriving later gets
+  its share back from one that borrowed it.
+The budget is per node and conservative: services whose replicas land on disjoint nodes still share it,
+since which nodes overlap changes with every label and the sum is what one node may be asked to hold. A
+service also needs a node its replicas can land on (runtime.nodeSelector, the required node affinity and
+the taints its tolerations tolerate) with allocatable memory for its pages beside one serving pod's
+memory request.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from stoker.controller.objects import pod_is_ready
 from stoker.render import Warming, seed_wanted
 from stoker.render.engine import weights_from_volume
 from stoker.render.memory import GIB, checkpoint_bytes, default_memory_request_bytes
+from stoker.render.names import model_pvc_name
+from stoker.render.nodewarmer import NODE_WARMER_NOTHING_FOUND_EXIT
 
 Manifest = dict[str, Any]
 
@@ -34,6 +47,8 @@ WAITING_FOR_SEED = "WaitingForSeed"
 OVER_BUDGET = "OverBudget"
 NODE_MEMORY_TOO_SMALL = "NodeMemoryTooSmall"
 WEIGHTS_NOT_ON_VOLUME = "WeightsNotOnVolume"
+VOLUME_NOT_BOUND = "VolumeNotBound"
+NOTHING_FOUND = "NothingFound"
 
 
 # Taints that keep pods off a node for good; the node lifecycle controller's condition taints
@@ -73,6 +88,8 @@ class Candidate:
     node_selector: Mapping[str, str]
     node_affinity: Manifest | None
     tolerations: tuple[Manifest, ...] = ()  # core/v1 Tolerations, as the API serves them
+    claim: str = ""  # the PersistentVolumeClaim holding the weights
+    volume_bound: bool = True  # the claim is bound: its capacity, which bounds wanted_bytes, is known
 
     @property
     def key(self) -> tuple[str, str]:
@@ -107,12 +124,36 @@ def node_of(obj: Manifest) -> Node:
     return Node(meta["name"], dict(meta.get("labels") or {}), memory, taints)
 
 
-def wanted_bytes(svc: VLLMService) -> int | None:
-    """Bytes a warmer keeps per node: the checkpoint as the seed measured it, plus the import pages where
+def weights_claim(svc: VLLMService) -> str:
+    """The PersistentVolumeClaim the weights are files of ("" where they are not on a volume)."""
+    source = svc.spec.model.source.pvc
+    if source is not None:
+        return source.claim_name
+    return model_pvc_name(svc.name) if svc.spec.cold_start.model_cache.enabled else ""
+
+
+def claim_capacity(claim: Manifest | None) -> int | None:
+    """A bound claim's status.capacity.storage in bytes (the volume's size, which the PV controller copies
+    from the PersistentVolume), else None."""
+    status = (claim or {}).get("status") or {}
+    storage = (status.get("capacity") or {}).get("storage")
+    if status.get("phase") != "Bound" or not storage:
+        return None
+    try:
+        return int(parse_quantity(storage))
+    except ValueError:
+        return None
+
+
+def wanted_bytes(svc: VLLMService, volume_bytes: int | None = None) -> int | None:
+    """Bytes a warmer keeps per node: the checkpoint as the seed measured it, at most `volume_bytes` (the
+    capacity of the volume it is on: no more of it can be read from there), plus the import pages where
     a seed records them (as it reported them, else an estimate); None before the seed has reported."""
     weights = checkpoint_bytes(svc)
     if weights is None:
         return None
+    if volume_bytes is not None:
+        weights = min(weights, volume_bytes)
     if not seed_wanted(svc):
         return weights
     startup = svc.status.startup if svc.status is not None else None
@@ -128,20 +169,23 @@ def serving_memory_request(svc: VLLMService) -> int:
     return default_memory_request_bytes(svc, "serve")
 
 
-def candidate(svc: VLLMService) -> Candidate:
+def candidate(svc: VLLMService, volume_bytes: int | None = None) -> Candidate:
+    """`svc` as the planner sees it; `volume_bytes`: the capacity of its weights' claim (claim_capacity)."""
     affinity = svc.spec.pod.affinity
     return Candidate(
         namespace=str(svc.namespace),
         name=svc.name,
         created=str(svc.metadata.get("creationTimestamp") or ""),
         on_volume=weights_from_volume(svc),
-        wanted_bytes=wanted_bytes(svc),
+        wanted_bytes=wanted_bytes(svc, volume_bytes),
         memory_request=serving_memory_request(svc),
         node_selector=dict(svc.spec.runtime.node_selector),
         node_affinity=affinity.node_affinity if affinity is not None else None,
         tolerations=tuple(
             t.model_dump(by_alias=True, exclude_none=True) for t in svc.spec.runtime.tolerations
         ),
+        claim=weights_claim(svc),
+        volume_bound=volume_bytes is not None,
     )
 
 
@@ -215,64 +259,105 @@ def gib(size: int) -> str:
 
 
 def plan_warming(
-    candidates: Iterable[Candidate], nodes: Iterable[Node], budget: int, reserve: int
+    candidates: Iterable[Candidate],
+    nodes: Iterable[Node],
+    budget: int,
+    reserve: int,
+    quotas: Mapping[str, int] | None = None,
 ) -> dict[tuple[str, str], Verdict]:
-    """Every candidate's verdict: admitted in creation order (ties by namespace/name) while its wanted
-    bytes fit what earlier admitted services left of the per-node `budget`, and a node its replicas can
-    land on has allocatable memory for them beside one serving pod's request. Skipped services take
-    nothing of the budget."""
+    """Every candidate's verdict. Services that cannot warm (no volume, no size yet, no node with room)
+    take nothing. The others share the per-node `budget` fairly between namespaces: first each
+    namespace's services, in creation order, while they fit its fair share (the budget split evenly
+    between the namespaces that warm, or its quota where `quotas` sets a smaller one); then what is
+    left, always to the namespace that holds least so far, never past a namespace's quota."""
+    quotas = quotas or {}
     nodes = list(nodes)
     verdicts: dict[tuple[str, str], Verdict] = {}
-    used, admitted = 0, list[tuple[str, str]]()
+    eligible: list[Candidate] = []
     for c in sorted(candidates, key=lambda c: (c.created, c.namespace, c.name)):
-        wanted = c.wanted_bytes
+        refused = _refusal(c, nodes)
+        if refused is not None:
+            verdicts[c.key] = Verdict(c.wanted_bytes, budget, None, *refused)
+        else:
+            eligible.append(c)
+    namespaces = {c.namespace for c in eligible}
+    fair = budget // max(len(namespaces), 1)
 
-        def skip(reason: str, message: str, c: Candidate = c, wanted: int | None = wanted) -> None:
-            verdicts[c.key] = Verdict(wanted, budget, None, reason, message)
+    def quota(namespace: str) -> int:
+        return min(quotas.get(namespace, budget), budget)
 
-        if not c.on_volume:
-            skip(
-                WEIGHTS_NOT_ON_VOLUME,
-                "Node warming keeps files of a volume in the page cache: set model.source.pvc or"
-                " coldStart.modelCache.enabled (weights read from an object store or the hub are not files)",
-            )
+    used = dict.fromkeys(namespaces, 0)
+    admitted: list[Candidate] = []
+
+    def admit(c: Candidate, wanted: int) -> None:
+        used[c.namespace] += wanted
+        admitted.append(c)
+        verdicts[c.key] = Verdict(wanted, budget, Warming(wanted, reserve))
+
+    for c in eligible:
+        wanted = c.wanted_bytes or 0
+        if used[c.namespace] + wanted <= min(fair, quota(c.namespace)):
+            admit(c, wanted)
+    pending = [c for c in eligible if c.key not in verdicts]
+    while pending:
+        c = min(pending, key=lambda c: (used[c.namespace], c.created, c.namespace, c.name))
+        pending.remove(c)
+        wanted = c.wanted_bytes or 0
+        left = budget - sum(used.values())
+        if wanted <= left and used[c.namespace] + wanted <= quota(c.namespace):
+            admit(c, wanted)
             continue
-        if wanted is None:
-            skip(WAITING_FOR_SEED, "Waiting for the seed to report the checkpoint's size")
-            continue
-        if used + wanted > budget:
-            # Services of other namespaces are counted, never named: a condition is read by this
-            # namespace's users.
-            here = [f"{ns}/{name}" for ns, name in admitted if ns == c.namespace]
-            named = f"; in this namespace: {', '.join(here[:5])}" if here else ""
-            skip(
-                OVER_BUDGET,
-                f"Needs {gib(wanted)} ({wanted} bytes) per node; the node warming budget is {gib(budget)}"
-                f" per node and {gib(used)} of it is taken by {len(admitted)} warming services created"
-                f" earlier{named}; raise STOKER_NODE_WARMING_BUDGET_GIB or turn warming off elsewhere",
-            )
-            continue
-        matching = [n for n in nodes if node_matches(n, c.node_selector, c.node_affinity, c.tolerations)]
-        needed = wanted + c.memory_request
-        if not any(n.allocatable_memory >= needed for n in matching):
-            if matching:
-                largest = max(matching, key=lambda n: n.allocatable_memory)
-                where = (
-                    f"the largest node the replicas can land on, {largest.name}, has"
-                    f" {gib(largest.allocatable_memory)} allocatable"
-                )
-            else:
-                where = "no node matches the replicas' nodeSelector, required node affinity and tolerations"
-            skip(
-                NODE_MEMORY_TOO_SMALL,
-                f"Needs {gib(needed)} of a node's memory ({gib(wanted)} warm beside a serving pod's"
-                f" {gib(c.memory_request)} request); {where}",
-            )
-            continue
-        used += wanted
-        admitted.append(c.key)
-        verdicts[c.key] = Verdict(wanted, budget, Warming(wanted, budget, reserve))
+        # Services of other namespaces are counted, never named: a condition is read by this namespace's
+        # users.
+        here = [f"{a.namespace}/{a.name}" for a in admitted if a.namespace == c.namespace]
+        named = f" ({', '.join(here[:5])})" if here else ""
+        quoted = f", its quota {gib(quota(c.namespace))}" if c.namespace in quotas else ""
+        verdicts[c.key] = Verdict(
+            wanted,
+            budget,
+            None,
+            OVER_BUDGET,
+            f"Needs {gib(wanted)} ({wanted} bytes) per node; the node warming budget is {gib(budget)} per"
+            f" node, shared by {len(namespaces)} namespaces: this one's fair share is {gib(fair)}{quoted};"
+            f" {len(here)} warming services of this namespace take {gib(used[c.namespace])}{named} and"
+            f" {gib(left)} is left; raise STOKER_NODE_WARMING_BUDGET_GIB or turn warming off elsewhere",
+        )
     return verdicts
+
+
+def _refusal(c: Candidate, nodes: list[Node]) -> tuple[str, str] | None:
+    """Why `c` cannot warm whatever the budget (reason, message), or None."""
+    if not c.on_volume:
+        return (
+            WEIGHTS_NOT_ON_VOLUME,
+            "Node warming keeps files of a volume in the page cache: set model.source.pvc or"
+            " coldStart.modelCache.enabled (weights read from an object store or the hub are not files)",
+        )
+    if c.wanted_bytes is None:
+        return WAITING_FOR_SEED, "Waiting for the seed to report the checkpoint's size"
+    if not c.volume_bound:
+        return (
+            VOLUME_NOT_BOUND,
+            f"Waiting for the claim {c.claim} to be bound: the checkpoint kept warm is bounded by the"
+            " capacity of its volume",
+        )
+    matching = [n for n in nodes if node_matches(n, c.node_selector, c.node_affinity, c.tolerations)]
+    needed = c.wanted_bytes + c.memory_request
+    if any(n.allocatable_memory >= needed for n in matching):
+        return None
+    if matching:
+        largest = max(matching, key=lambda n: n.allocatable_memory)
+        where = (
+            f"the largest node the replicas can land on, {largest.name}, has"
+            f" {gib(largest.allocatable_memory)} allocatable"
+        )
+    else:
+        where = "no node matches the replicas' nodeSelector, required node affinity and tolerations"
+    return (
+        NODE_MEMORY_TOO_SMALL,
+        f"Needs {gib(needed)} of a node's memory ({gib(c.wanted_bytes)} warm beside a serving pod's"
+        f" {gib(c.memory_request)} request); {where}",
+    )
 
 
 @dataclass(frozen=True)
@@ -284,6 +369,16 @@ class Warmth:
     warm: int  # of those, nodes whose warmer is Ready (everything wanted is resident)
     done: bool  # the DaemonSet's current template is Ready on every node it wants
     document: Manifest  # status.nodeWarming
+    nothing_found: tuple[str, ...] = ()  # nodes whose warmer found no checkpoint data (and exited so)
+
+
+def found_nothing(pod: Manifest) -> bool:
+    """Whether the pod's warmer last ended with the agent's exit code for no checkpoint data."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            if (state.get("terminated") or {}).get("exitCode") == NODE_WARMER_NOTHING_FOUND_EXIT:
+                return True
+    return False
 
 
 def node_warmth(verdict: Verdict, warmer: Manifest | None, pods: list[Manifest]) -> Warmth:
@@ -299,10 +394,14 @@ def node_warmth(verdict: Verdict, warmer: Manifest | None, pods: list[Manifest])
         and warm >= desired
     )
     per_node: dict[str, bool] = {}
+    empty: set[str] = set()
     for pod in pods if verdict.warming is not None else []:
         node = (pod.get("spec") or {}).get("nodeName")
         if node and not pod["metadata"].get("deletionTimestamp"):
-            per_node[node] = per_node.get(node, False) or pod_is_ready(pod)
+            ready = pod_is_ready(pod)
+            per_node[node] = per_node.get(node, False) or ready
+            if not ready and found_nothing(pod):
+                empty.add(node)
     document: Manifest = {
         "budgetBytes": verdict.budget_bytes,
         "desiredNodes": desired,
@@ -312,4 +411,5 @@ def node_warmth(verdict: Verdict, warmer: Manifest | None, pods: list[Manifest])
     if verdict.wanted_bytes is not None:
         document["wantedBytes"] = verdict.wanted_bytes
     name = ((warmer or {}).get("metadata") or {}).get("name", "")
-    return Warmth(name, desired, warm, done, document)
+    nothing_found = tuple(sorted(n for n in empty if not per_node[n]))
+    return Warmth(name, desired, warm, done, document, nothing_found)

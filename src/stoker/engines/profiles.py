@@ -85,9 +85,12 @@ class Capabilities:
     sleep_levels: frozenset[int]
     # VLLM_ENABLE_STARTUP_PLAN: memory profiling persisted under VLLM_CACHE_ROOT (v1/worker/startup_plan.py).
     startup_plan: bool
-    # VLLM_USE_MEGA_AOT_ARTIFACT on by default (the AOT artifact replaces Dynamo on a cache hit): vLLM turns
-    # it on with torch >= 2.12 (envs.py use_mega_aot_artifact, 0.26.0 to 0.33.0), so from 0.27 (torch 2.13).
-    mega_aot_artifact: bool
+    # Serving pods load vLLM's mega AOT artifact (one artifact replaces Dynamo and the compiled graphs on a
+    # cache hit), and the seed starts twice to fill the Triton kernels such a start keys anew (render.seed).
+    # "engine": vLLM's own default with torch >= 2.12 (envs.py use_mega_aot_artifact, 0.26.0 to 0.33.0), so
+    # from 0.27 (torch 2.13); "stoker": vLLM leaves it off and stoker renders VLLM_USE_MEGA_AOT_ARTIFACT=1;
+    # "off": not used.
+    mega_aot_artifact: Literal["off", "stoker", "engine"]
     # none: no kernel warm-up phase; silent: Model Runner V2 warms kernels after graph capture without a
     # line until the JIT monitor starts; logged: `JIT kernel warmup starting.` ... `finished in` before it.
     jit_warmup: Literal["none", "silent", "logged"]
@@ -278,7 +281,7 @@ V0_22 = EngineProfile(
     capabilities=Capabilities(
         sleep_levels=frozenset({1, 2}),
         startup_plan=False,
-        mega_aot_artifact=False,
+        mega_aot_artifact="off",
         jit_warmup="none",
         ipc_cache=False,
         snapshot=False,
@@ -305,7 +308,11 @@ V0_24 = replace(
 )
 
 # 0.26.0: --kv-cache-memory-bytes leaves the key (config/cache.py:206), the startup plan arrives
-# (v1/worker/startup_plan.py), Model Runner V2 warms kernels silently after graph capture.
+# (v1/worker/startup_plan.py), Model Runner V2 warms kernels silently after graph capture. torch 2.11 leaves
+# the mega AOT artifact off; stoker turns it on: measured on an H200 with the seed's second start and the
+# ptxas pin (bench/results/coldstart-h200-run3.json), 4.7 s off a start on a warmed node (23.8 -> 19.1 s,
+# medians) and no serving start compiled a Triton kernel; 4.0 s off a cold one before the pin
+# (coldstart-h200.json, 24.4 -> 20.4 s).
 V0_26 = replace(
     V0_24,
     first=(0, 26),
@@ -316,7 +323,9 @@ V0_26 = replace(
         | {"VLLM_MAX_IMAGE_PIXELS", "VLLM_ENABLE_STARTUP_PLAN", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"}
     )
     - {"VLLM_CI_USE_S3"},
-    capabilities=replace(V0_24.capabilities, startup_plan=True, jit_warmup="silent"),
+    capabilities=replace(
+        V0_24.capabilities, startup_plan=True, jit_warmup="silent", mega_aot_artifact="stoker"
+    ),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU, *JIT_MONITOR),
     phase_ends=_PHASES_SILENT_WARMUP,
 )
@@ -328,7 +337,7 @@ V0_27 = replace(
     first=(0, 27),
     last=(0, 28),
     key_ignored_env=V0_26.key_ignored_env | {"VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH"},
-    capabilities=replace(V0_26.capabilities, mega_aot_artifact=True),
+    capabilities=replace(V0_26.capabilities, mega_aot_artifact="engine"),
 )
 
 # 0.29.0: the JIT warm-up is logged and runs before graph capture (model_executor/warmup/kernel_warmup.py).

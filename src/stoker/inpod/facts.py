@@ -17,6 +17,50 @@ MAX_FACTS_LINE_LENGTH = 4096
 # The seed's import pages' size (stoker.inpod.seed), beside the model's facts.
 IMPORT_PAGES_KEY = "importPagesBytes"
 
+# Physical ranges of what a seed's facts line may claim (it is printed by the tenant's pods, so untrusted):
+# generous beyond every model seen, tight enough that nothing absurd reaches status, the fleet's
+# observations or a prediction. The largest checkpoints are a few TB, the deepest models a few hundred
+# layers, the widest vocabularies about a million tokens. The seed refuses to print facts outside them,
+# and the operator (stoker.predict.model.ModelFacts) refuses to read them: one definition for both.
+MAX_CHECKPOINT_BYTES = 1 << 46  # 64 TiB
+# The seed's import pages: serving pods' read-ahead reads at most 16 GiB of a listing
+# (stoker.inpod.read_ahead.listed_ranges); vLLM 0.26's are 1.7 GB.
+MAX_IMPORT_PAGES_BYTES = 16 << 30
+MAX_LAYERS = 4096
+MAX_WIDTH = 1 << 20  # hidden and intermediate sizes
+MAX_HEADS = 4096
+MAX_VOCABULARY = 1 << 24
+MAX_TOKENIZER_BYTES = 1 << 30
+MAX_EXPERTS = 1 << 16
+# Each whole-number fact of a facts line and its upper bound (the lower is 0).
+MODEL_FACT_BOUNDS = {
+    "checkpointBytes": MAX_CHECKPOINT_BYTES,
+    "layers": MAX_LAYERS,
+    "hiddenSize": MAX_WIDTH,
+    "intermediateSize": MAX_WIDTH,
+    "attentionHeads": MAX_HEADS,
+    "kvHeads": MAX_HEADS,
+    "vocabSize": MAX_VOCABULARY,
+    "tokenizerBytes": MAX_TOKENIZER_BYTES,
+    "experts": MAX_EXPERTS,
+    IMPORT_PAGES_KEY: MAX_IMPORT_PAGES_BYTES,
+}
+
+
+def impossible_facts(facts: dict) -> list[str]:
+    """What in `facts` lies outside its physical range (MODEL_FACT_BOUNDS), one phrase each; empty if
+    nothing does."""
+
+    def shown(value: int) -> str:
+        digits = str(value)
+        return digits if len(digits) <= 40 else f"{digits[:12]}... ({len(digits)} digits)"
+
+    return [
+        f"{name} {shown(facts[name])} is outside 0..{bound}"
+        for name, bound in MODEL_FACT_BOUNDS.items()
+        if isinstance(facts.get(name), int) and not 0 <= facts[name] <= bound
+    ]
+
 
 def read_model_facts(
     model_dir: str,

@@ -12,6 +12,11 @@ reads: it never writes a file, and the memory it fills is page cache, which the 
   10 % or more) it reads nothing and drops the pages of its files (POSIX_FADV_DONTNEED) once, so that the
   memory goes to pods at once; the state is yielding until the pressure is gone.
 
+- A checkpoint of no data (no *.safetensors regular file under any PATH: a missing directory, a FIFO,
+  a link to a device or nowhere, each skipped with a line) is not warm: it says so in a line (state
+  nothingFound) and exits with NOTHING_FOUND_EXIT, so that the pod is not Ready and the operator reports
+  NodeWarming NothingFound; the kubelet starts it again later, when the files may be there.
+
 It serves GET /ready (200 once everything wanted is resident, state warm; else 503) and GET /metrics
 (Prometheus text) on --port, and prints one `stoker-node-warmer: {json}` line at start and at each change
 of state. It opens regular files only, does not follow directory links and bounds its walks and the
@@ -42,7 +47,9 @@ from stoker.inpod.read_ahead import checkpoint_ranges, listed_ranges, read_range
 # Where /ready and /metrics listen unless --port says otherwise (the DaemonSet's probe uses it).
 DEFAULT_PORT = 9401
 LINE_PREFIX = "stoker-node-warmer: "
-STATES = ("warm", "warming", "yielding", "overBudget")
+STATES = ("warm", "warming", "yielding", "overBudget", "nothingFound")
+# The exit code of an agent that found no checkpoint data to keep (the operator reads it from the pod).
+NOTHING_FOUND_EXIT = 3
 # /proc/pressure/memory `some avg10` (the share of the last 10 s in which some task waited for memory, in
 # percent) from which the agent yields.
 PRESSURE_THRESHOLD = 10.0
@@ -71,7 +78,9 @@ def decide(
 ) -> Decision:
     """What a round does, from the bytes of all the ranges wanted, the bytes not resident of those within
     the budget (the prefix that fits), the budget, the node's MemAvailable, the reserve and the PSI
-    `some avg10` (None where the kernel has no PSI)."""
+    `some avg10` (None where the kernel has no PSI). Nothing wanted is never warm."""
+    if wanted == 0:
+        return Decision("nothingFound", 0, False)
     if under_pressure(available, reserve, pressure):
         return Decision("yielding", 0, True)
     read = min(missing, available - reserve)
@@ -189,25 +198,26 @@ class Warmer:
         self.evicted = False  # the files' pages dropped since the agent began to yield
         self.stopped = threading.Event()
 
-    def measure(self) -> tuple[list[Range], list[str], list[Range], int]:
+    def measure(self) -> tuple[list[Range], list[str], list[Range], int, int]:
         """The wanted ranges (listing first, then the checkpoint: the ranges the read-ahead reads), their
-        files, the missing ranges within the budget, and the resident bytes of them all."""
+        files, the missing ranges within the budget, the resident bytes of them all and the checkpoint's
+        bytes."""
         # A file in both the listing and the checkpoint (unlikely: the seed lists what the server read
         # before its engine loaded the weights) counts twice in the wanted bytes, as it is read twice.
-        wanted = list(
-            chain(
-                listed_ranges(self.listing, skipped=self.skipped),
-                checkpoint_ranges(self.paths, skipped=self.skipped),
-            )
-        )
+        checkpoint = list(checkpoint_ranges(self.paths, skipped=self.skipped))
+        wanted = list(chain(listed_ranges(self.listing, skipped=self.skipped), checkpoint))
         files = list(dict.fromkeys(path for path, _, _ in wanted))
         runs = resident_pages(files, self.skipped, max_file=1 << 50)
         resident = size(wanted) - size(missing_ranges(wanted, runs))
         missing = list(missing_ranges(within(wanted, self.budget), runs))
-        return wanted, files, missing, resident
+        return wanted, files, missing, resident, size(checkpoint)
 
-    def round(self) -> None:
-        wanted, files, missing, resident = self.measure()
+    def round(self) -> bool:
+        """One round; False where there is no checkpoint data to keep (state nothingFound)."""
+        wanted, files, missing, resident, checkpoint = self.measure()
+        if not checkpoint:
+            self.publish("nothingFound", resident, size(wanted))
+            return False
         decision = decide(
             size(wanted), size(missing), self.budget, memory_available(), self.reserve, memory_pressure()
         )
@@ -219,15 +229,16 @@ class Warmer:
             # Once on entering the state: dropping pages again each round would also drop those that a
             # replica starting meanwhile reads.
             evict_pages(files)
-            wanted, files, missing, resident = self.measure()
+            wanted, files, missing, resident, _ = self.measure()
         self.evicted = decision.evict
         if decision.read_bytes:
             self.read(within(missing, decision.read_bytes))
-            wanted, files, missing, resident = self.measure()
+            wanted, files, missing, resident, _ = self.measure()
             decision = decide(
                 size(wanted), size(missing), self.budget, memory_available(), self.reserve, memory_pressure()
             )
         self.publish(decision.state, resident, size(wanted))
+        return True
 
     def read(self, ranges: list[Range]) -> None:
         """Read `ranges` with the read-ahead's reader, about BATCH_BYTES at a time, stopping at SIGTERM or
@@ -359,7 +370,12 @@ def parser() -> argparse.ArgumentParser:
         help="the seed's import-pages listing (`path start end` lines), read first; absent: none",
     )
     described.add_argument(
-        "--budget-bytes", required=True, type=bytes_count, metavar="N", help="the most bytes kept warm"
+        "--budget-bytes",
+        required=True,
+        type=bytes_count,
+        metavar="N",
+        help="the most bytes kept warm: what the operator admitted this service for (its pod's memory"
+        " limit is just above it)",
     )
     described.add_argument(
         "--reserve-bytes",
@@ -395,15 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: warmer.stopped.set())
     signal.signal(signal.SIGINT, lambda *_: warmer.stopped.set())
     server = serve(warmer, settings.port)
-    while not warmer.stopped.is_set():
+    found = True
+    while found and not warmer.stopped.is_set():
         try:
-            warmer.round()
+            found = warmer.round()
         except Exception as error:  # a round that failed (a volume gone): said once, tried again
             warmer.skipped("a round", f"failed ({error!r:.300})")
-        warmer.stopped.wait(settings.interval)
+        if found:
+            warmer.stopped.wait(settings.interval)
     server.shutdown()
     skips.close()
-    return 0
+    if not found:
+        where = ascii(" ".join(paths)[:300])
+        print(f"{LINE_PREFIX}found nothing to keep warm: no *.safetensors data under {where}", flush=True)
+    return 0 if found else NOTHING_FOUND_EXIT
 
 
 if __name__ == "__main__":

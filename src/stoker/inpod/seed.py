@@ -1,6 +1,9 @@
 """Run a vLLM server once to fill its compile cache, record what its imports read, then stop it.
 
-Starts COMMAND (`vllm serve ...`) and waits for it to answer /health on its --port (vLLM writes its
+With --empty DIR it first removes everything in DIR, the cache volume: a seed runs only where the operator
+has no signed record of this key's seed for this owner, so what the volume holds was written by pods of
+another key or owner, or by a seed that did not finish, and compile caches are code vLLM loads. Then it
+starts COMMAND (`vllm serve ...`) and waits for it to answer /health on its --port (vLLM writes its
 compile artifacts before it answers), then prints the model's facts on one `stoker-model-facts: {json}`
 line for the operator, sends one completion (which JIT-compiles the first request's Triton kernels into
 the cache volume), stops the server and exits 0; it exits with the server's code if the server ends
@@ -23,6 +26,7 @@ import argparse
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +36,13 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
 from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
-from stoker.inpod.facts import FACTS_LOG_PREFIX, IMPORT_PAGES_KEY, MAX_FACTS_LINE_LENGTH, read_model_facts
+from stoker.inpod.facts import (
+    FACTS_LOG_PREFIX,
+    IMPORT_PAGES_KEY,
+    MAX_FACTS_LINE_LENGTH,
+    impossible_facts,
+    read_model_facts,
+)
 from stoker.inpod.host import HOST_FACTS_KEY, measure_host
 from stoker.inpod.pagecache import SkipLines, evict_pages, files_under, resident_pages, server_has_child
 
@@ -50,6 +60,10 @@ FACTS_SECONDS = 30
 LINE_PREFIX = "stoker-seed: "
 # Printed as the seed stops its first server: what follows in its log is the second start's (--start-again).
 STOPPING_LINE = f"{LINE_PREFIX}stopping the server"
+# Printed, before any server starts, when the model path on a volume is not there; the operator reads it in
+# the failed seed's termination message (its log tail) and names the path and volume from the pod's spec.
+MODEL_PATH_MISSING_LINE = f"{LINE_PREFIX}the model path does not exist:"
+MODEL_PATH_MISSING_EXIT = 66  # EX_NOINPUT
 
 
 def first_start(lines: Iterable[str]) -> Iterator[str]:
@@ -84,8 +98,9 @@ def model_facts_line(
     argv: list[str], skipped: Callable[[str, str], None], import_pages_bytes: int | None = None
 ) -> str | None:
     """The facts line of the model the server serves, with the host's facts and the size of the import
-    pages recorded; a line that says why there are none; or None where there is no local model to read (a
-    streamer URI)."""
+    pages recorded; a line that says why there are none (facts outside their physical ranges among the
+    reasons: the operator would refuse them); or None where there is no local model to read (a streamer
+    URI)."""
     try:
         model_dir = local_model_dir(argv)
         if not model_dir:
@@ -97,6 +112,9 @@ def model_facts_line(
         document = json.dumps(facts, sort_keys=True)
     except Exception as error:
         return f"{LINE_PREFIX}no model facts ({error!r:.300})"
+    impossible = impossible_facts(facts)
+    if impossible:
+        return f"{LINE_PREFIX}no model facts (impossible: {'; '.join(impossible)})"[:MAX_FACTS_LINE_LENGTH]
     if len(document) > MAX_FACTS_LINE_LENGTH:
         why = f"their line would hold {len(document)} characters, over {MAX_FACTS_LINE_LENGTH}"
         return f"{LINE_PREFIX}no model facts ({why})"
@@ -157,6 +175,19 @@ def record_import_pages(
         print(f"{LINE_PREFIX}no import pages recorded ({error!r:.300})", flush=True)
 
 
+def empty_directory(directory: str) -> None:
+    """Remove everything in `directory` (links as links, never what they point to); OSError if anything
+    stays. The cache volume may hold what pods of another cache key or another owner wrote, and compile
+    caches are code that vLLM loads: a seed fills it from nothing."""
+    with os.scandir(directory) as entries:
+        found = list(entries)
+    for entry in found:
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
 def warm_up(port: str, model: str) -> None:
     """One completion: it JIT-compiles the first request's Triton kernels into the cache volume. Its
     failure (say, an --api-key) leaves the seed successful."""
@@ -173,13 +204,19 @@ def warm_up(port: str, model: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    usage = "%(prog)s --pages LISTING [--start-again] [--pin-ptxas] -- COMMAND..."
+    usage = "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas] -- COMMAND..."
     described = program_parser("stoker.inpod.seed", __doc__, usage)
     described.add_argument(
         "--pages",
         required=True,
         metavar="LISTING",
         help="where to write the pages the server's imports read (a file on the cache volume)",
+    )
+    described.add_argument(
+        "--empty",
+        metavar="DIR",
+        help="first remove everything in DIR (the cache volume): what it held was written by pods of"
+        " another cache key or owner, or by a seed that did not finish; exits 1 if that fails",
     )
     described.add_argument(
         "--start-again",
@@ -229,8 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         described.error("no COMMAND after --")
     port = flag_value(command, PORT_FLAG) or VLLM_DEFAULT_PORT
+    model = command[command.index("serve") + 1] if "serve" in command[:-1] else ""
+    if model.startswith("/") and not os.path.exists(model):
+        # A volume's model path (hub ids and URIs are not paths): vLLM would take it for a hub id.
+        print(f"{MODEL_PATH_MISSING_LINE} {model}", flush=True)
+        return MODEL_PATH_MISSING_EXIT
     skipped = SkipLines(LINE_PREFIX)
     atexit.register(skipped.close)
+    if settings.empty:
+        try:
+            empty_directory(settings.empty)
+        except OSError as error:
+            why = f"cannot empty the cache volume {settings.empty}, so no seed: {error}"
+            print(f"{LINE_PREFIX}{why}", flush=True)
+            return 1
+        print(f"{LINE_PREFIX}emptied the cache volume {settings.empty}", flush=True)
     # The image's Python files start out of the page cache, so that what is in it when the engine process
     # starts is what a cold start reads, even on a node that has just pulled the image; the working
     # directory is not the image's.

@@ -1,10 +1,14 @@
-"""`stoker phases [--json] FILE`: print the startup timeline of a vLLM log (FILE `-` reads stdin)."""
+"""`stoker phases [--json] FILE`: print the startup timeline of a vLLM log (FILE `-` reads stdin); a
+gzip-compressed log (as the recorded ones in bench/results are) is read as the log it holds."""
 
 import argparse
+import gzip
+import io
 import json
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from stoker.phases.parser import parse_log
 from stoker.phases.timeline import StartupTimeline
@@ -13,14 +17,15 @@ EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_A_STARTUP_LOG = 3
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stoker phases",
-        description="Break a vLLM startup log into timed phases.",
-        epilog="Exit status: 0 parsed, 1 the log shows a failed startup, 2 bad usage or unreadable file,"
-        " 3 no vLLM startup lines in the file.",
+        description="Break a vLLM startup log (plain or gzip-compressed) into timed phases.",
+        epilog="Exit status: 0 parsed, 1 the log shows a failed startup, 2 bad usage, or a file unreadable"
+        " or not valid gzip, 3 no vLLM startup lines in the file.",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("file", metavar="FILE", help="log file, or - for standard input")
@@ -31,12 +36,14 @@ def main(argv: list[str]) -> int:
 
     try:
         if arguments.file == "-":
-            timeline = parse_log(decoded_lines(sys.stdin.buffer))
+            timeline = parse_log(decoded_lines(uncompressed(sys.stdin.buffer)))
         else:
             with open(arguments.file, "rb") as log:
-                timeline = parse_log(decoded_lines(log))
-    except OSError as error:
-        print(f"stoker phases: cannot read {arguments.file}: {error.strerror or error}", file=sys.stderr)
+                timeline = parse_log(decoded_lines(uncompressed(log)))
+    except (OSError, EOFError, zlib.error) as error:
+        # gzip.BadGzipFile is an OSError; a cut-off or corrupt stream ends in EOFError or zlib.error.
+        why = getattr(error, "strerror", None) or error or type(error).__name__
+        print(f"stoker phases: cannot read {arguments.file}: {why}", file=sys.stderr)
         return EXIT_USAGE
 
     if not (timeline.phases or timeline.failed or timeline.ready):
@@ -53,7 +60,16 @@ def main(argv: list[str]) -> int:
     return EXIT_STARTUP_FAILED if timeline.failed else EXIT_OK
 
 
-def decoded_lines(stream: BinaryIO) -> Iterator[str]:
+def uncompressed(stream: BinaryIO) -> Iterable[bytes]:
+    """The stream's lines, or those of what it holds if it starts with gzip's magic bytes (whatever its
+    name)."""
+    buffered = io.BufferedReader(cast(io.RawIOBase, stream))  # to peek, whatever the stream is
+    if buffered.peek(len(GZIP_MAGIC))[: len(GZIP_MAGIC)] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=buffered)
+    return buffered
+
+
+def decoded_lines(stream: Iterable[bytes]) -> Iterator[str]:
     """A log's lines, one at a time."""
     # Binary iteration splits on "\n" only; text mode would also split on the "\r" of progress bars and
     # of vLLM's multi-line records. Undecodable bytes must not stop the parse.

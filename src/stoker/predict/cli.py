@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,6 +30,7 @@ from stoker.predict.shipped import NoShippedCoefficients, shipped_coefficients
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+LINE_WIDTH = 100  # where the text output wraps an entry that runs on for a paragraph
 
 
 class _Refused(Exception):
@@ -194,5 +196,15 @@ def format_table(document: dict[str, Any]) -> str:
         lines.append(f"  scaled from its host to this one: {json.dumps(facts.host.to_json_dict())}")
     if prediction.coefficient_set != document["hardware"]:
         lines.append(f"  no set for {document['hardware']}: the nearest shipped set stands in")
-    lines.extend(f"  fitted on: {entry}" for entry in document["fittedOn"])
+    # An entry can be a paragraph (where a merged set's regimes came from): wrapped to a terminal's width.
+    lines.extend(
+        textwrap.fill(
+            entry,
+            LINE_WIDTH,
+            initial_indent="  fitted on: ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+        for entry in document["fittedOn"]
+    )
     return "\n".join(lines)

@@ -12,6 +12,16 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from stoker.inpod.facts import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_IMPORT_PAGES_BYTES,
+    MAX_LAYERS,
+    MAX_TOKENIZER_BYTES,
+    MAX_VOCABULARY,
+    MAX_WIDTH,
+)
 from stoker.phases import ENGINE_PHASES, CompileCache
 
 CoefficientSource = Literal["shipped", "fleet"]
@@ -22,20 +32,8 @@ CheckpointBytesSource = Literal["indexMetadata", "seedLog"]
 _HARDWARE_KEY = re.compile(r"^(?P<product>[^_\s]+)_x(?P<count>\d+)_v(?P<version>\d+\.\d+)$")
 _MAJOR_MINOR = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+.]\S*)?$")
 
-# Physical ranges of what a seed's facts line and a start's log may claim (they are printed by the tenant's
-# pods, so untrusted): generous beyond every model and start seen, tight enough that nothing absurd reaches
-# status, the fleet's observations or a prediction. The largest checkpoints are a few TB, the deepest
-# models a few hundred layers, the widest vocabularies about a million tokens.
-MAX_CHECKPOINT_BYTES = 1 << 46  # 64 TiB
-# The seed's import pages: serving pods' read-ahead reads at most 16 GiB of a listing
-# (stoker.inpod.read_ahead.listed_ranges); vLLM 0.26's are 1.7 GB.
-MAX_IMPORT_PAGES_BYTES = 16 << 30
-MAX_LAYERS = 4096
-MAX_WIDTH = 1 << 20  # hidden and intermediate sizes
-MAX_HEADS = 4096
-MAX_VOCABULARY = 1 << 24
-MAX_TOKENIZER_BYTES = 1 << 30
-MAX_EXPERTS = 1 << 16
+# The model facts' physical ranges are the seed's (stoker.inpod.facts), which refuses to print facts outside
+# them: one definition for both.
 # A start's phase, and all of them together: longer than any start a deployment would wait for.
 MAX_PHASE_SECONDS = 6 * 3600.0
 MAX_CAPTURE_SIZES = 1 << 12

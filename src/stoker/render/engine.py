@@ -13,7 +13,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stoker.api import RUNTIME_IMAGE_REPOSITORY, VLLMService
+from stoker.api import RUNTIME_IMAGE_REPOSITORY, EnvVar, VLLMService
 from stoker.api.owned import CACHE_MOUNT_PATH, MODEL_CACHE_MOUNT_PATH, MODEL_SOURCE_MOUNT_PATH
 from stoker.engines import EngineFlags, EngineProfile, split_image
 
@@ -96,14 +96,19 @@ def reads_ahead(svc: VLLMService) -> bool:
     return wanted and weights_from_volume(svc)
 
 
+def _user_mega_aot_artifact(svc: VLLMService) -> EnvVar | None:
+    return next((var for var in svc.spec.runtime.env if var.name == MEGA_AOT_ARTIFACT_ENV), None)
+
+
 def loads_mega_aot_artifact(svc: VLLMService) -> bool:
     """Whether the engine compiles into, and serving pods load, vLLM's mega AOT artifact: as
-    VLLM_USE_MEGA_AOT_ARTIFACT in runtime.env says (vLLM takes "1" for on), else the engine's default. One
-    from a Secret or ConfigMap is taken as on: it costs the seed a second start at most (render.seed)."""
-    for var in svc.spec.runtime.env:
-        if var.name == MEGA_AOT_ARTIFACT_ENV:
-            return var.value_from is not None or var.value == "1"
-    return svc.spec.runtime.engine_profile.capabilities.mega_aot_artifact
+    VLLM_USE_MEGA_AOT_ARTIFACT in runtime.env says (vLLM takes "1" for on), else the engine profile's
+    default (stoker's or vLLM's). One from a Secret or ConfigMap is taken as on: it costs the seed a second
+    start at most (render.seed)."""
+    var = _user_mega_aot_artifact(svc)
+    if var is not None:
+        return var.value_from is not None or var.value == "1"
+    return svc.spec.runtime.engine_profile.capabilities.mega_aot_artifact != "off"
 
 
 def engine_env(svc: VLLMService) -> dict[str, str]:
@@ -136,6 +141,10 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
         # The seed writes the plan under VLLM_CACHE_ROOT/startup_plan/, serving pods whose GPU and config
         # match apply it and skip memory profiling. Ignored by the key.
         env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+    if profile.capabilities.mega_aot_artifact == "stoker" and _user_mega_aot_artifact(svc) is None:
+        # Where vLLM leaves the artifact off (0.26, torch 2.11) but it pays (engines.profiles). It enters
+        # the key, as the user's own setting would.
+        env[MEGA_AOT_ARTIFACT_ENV] = "1"
     if svc.spec.cold_start.standby is not None:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # ignored by the key
     if svc.spec.cold_start.model_cache.enabled:

@@ -24,14 +24,22 @@ Json = dict[str, Any]
 # On every compile-cache PVC stoker creates: the VLLMService (same namespace) it caches for. A retained
 # claim without owner references is taken back only by a VLLMService of that name; see ownership.py.
 RETAINED_CACHE_ANNOTATION = "stoker.dev/compile-cache-of"
+# On a compile-cache PVC: the uid of the VLLMService it belongs to, and the operator's HMAC over the claim's
+# namespace, uid and that owner's uid. A retained claim goes back only to that very VLLMService, or to one
+# whose author asked for it with `reuseRetained` and may `use` the claim (checked at admission).
+CACHE_OWNER_ANNOTATION = "stoker.dev/compile-cache-owner"
+CACHE_OWNER_SIGNATURE_ANNOTATION = "stoker.dev/compile-cache-owner-signature"
 # The full compile-cache key a seed filled the volume for: a later VLLMService taking a retained claim
 # back skips the seed when its key is the same.
 SEEDED_KEY_ANNOTATION = "stoker.dev/seeded-key"
+# When that seed succeeded (RFC 3339): status.cache.seededAt is derived from it, never read back.
+SEEDED_AT_ANNOTATION = "stoker.dev/seeded-at"
 # Beside it, the model facts that seed printed: a VLLMService that reuses the claim without a seed run
 # still has them for its startup prediction.
 MODEL_FACTS_ANNOTATION = "stoker.dev/model-facts"
-# The operator's HMAC over the claim's namespace, uid, seeded key and facts: a tenant can copy the two
-# annotations above onto a claim of their own, but not sign them for its uid.
+# The operator's HMAC over the claim's namespace, uid, owner, seeded key, time and facts: a tenant can copy
+# the annotations above onto a claim of their own, but not sign them for its uid; a claim that changed
+# owner proves no seed.
 SEEDED_SIGNATURE_ANNOTATION = "stoker.dev/seeded-signature"
 # The operator's HMAC over a claim's namespace, name and uid, added right after stoker created it: an
 # owner reference proves nothing on a claim, as anyone who may create claims can write one (see

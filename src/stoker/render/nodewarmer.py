@@ -38,6 +38,8 @@ from stoker.render.prefetch import import_pages_listing, read_ahead_paths, servi
 
 # The agent's HTTP port: GET /ready (200 once everything wanted is resident) and GET /metrics.
 NODE_WARMER_PORT = node_warmer_program.DEFAULT_PORT
+# The agent's exit code when it found no checkpoint data to keep (controller/warming.py reads it).
+NODE_WARMER_NOTHING_FOUND_EXIT = node_warmer_program.NOTHING_FOUND_EXIT
 NODE_WARMER_MODULE = node_warmer_program.__name__
 NODE_WARMER_CONTAINER = "node-warmer"
 # Headroom above the pages it keeps: the agent's Python process itself.
@@ -52,10 +54,10 @@ _DROPPED_POD_FIELDS = ("resourceClaims", "schedulingGates", "topologySpreadConst
 
 @dataclass(frozen=True)
 class Warming:
-    """What a warmer is rendered with: the bytes it keeps per node, the per-node budget, the reserve."""
+    """What a warmer is rendered with: the bytes it was admitted to keep per node (its --budget-bytes, and
+    its memory limit but for the agent's own), and the node memory it leaves free."""
 
     wanted_bytes: int
-    budget_bytes: int
     reserve_bytes: int
 
 
@@ -63,9 +65,9 @@ def node_warmer_selector_labels(name: str) -> dict[str, str]:
     return {INSTANCE_LABEL: name, COMPONENT_LABEL: COMPONENT_NODE_WARMER}
 
 
-def node_warmer_command(svc: VLLMService, budget_bytes: int, reserve_bytes: int) -> list[str]:
+def node_warmer_command(svc: VLLMService, warming: Warming) -> list[str]:
     """The agent's command line: the same checkpoint paths and import-pages listing the serving pods'
-    read-ahead gets (render.prefetch)."""
+    read-ahead gets (render.prefetch), and no more bytes to keep than the service was admitted for."""
     return [
         "python3",
         "-m",
@@ -75,9 +77,9 @@ def node_warmer_command(svc: VLLMService, budget_bytes: int, reserve_bytes: int)
         "--pages",
         import_pages_listing(svc),
         "--budget-bytes",
-        str(budget_bytes),
+        str(warming.wanted_bytes),
         "--reserve-bytes",
-        str(reserve_bytes),
+        str(warming.reserve_bytes),
         "--",
         *read_ahead_paths(svc),
     ]
@@ -86,8 +88,8 @@ def node_warmer_command(svc: VLLMService, budget_bytes: int, reserve_bytes: int)
 def build_node_warmer(
     svc: VLLMService, warming: Warming, *, programs_image: str = DEFAULT_PROGRAMS_IMAGE
 ) -> Json:
-    """The DaemonSet `<name>-node-warmer`: `warming.wanted_bytes` in each node's page cache, within the
-    per-node budget, leaving the reserve of the node's memory free."""
+    """The DaemonSet `<name>-node-warmer`: at most `warming.wanted_bytes` in each node's page cache,
+    leaving the reserve of the node's memory free."""
     labels = common_labels(svc.name, COMPONENT_NODE_WARMER)
     spec = pod_spec(svc, "serve", serving_invocation(svc), programs_image)
     for dropped in _DROPPED_POD_FIELDS:
@@ -107,7 +109,7 @@ def build_node_warmer(
             # The serving image: running it keeps it pulled on every node a replica can land on, so that a
             # scale-up there pulls nothing (the kubelet's image GC spares images of running containers).
             "image": engine["image"],
-            "command": node_warmer_command(svc, warming.budget_bytes, warming.reserve_bytes),
+            "command": node_warmer_command(svc, warming),
             "env": env,
             "ports": [{"name": "warmer", "containerPort": NODE_WARMER_PORT, "protocol": "TCP"}],
             "readinessProbe": {

@@ -226,6 +226,10 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
     env_from = _env_from(svc)
     if env_from:
         container["envFrom"] = env_from
+    if role == "seed":
+        # A failed seed's last log lines land in its pod's status, where the operator reads why (Jobs are
+        # created once per key, so this does not change a live object).
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if role == "serve":
         container["startupProbe"] = _http_probe(STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURE_THRESHOLD)
         container["readinessProbe"] = _http_probe(5, 3)

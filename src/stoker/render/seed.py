@@ -26,11 +26,12 @@ SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
 def seed_invocation(svc: VLLMService) -> EngineInvocation:
     """The seed's engine invocation wrapped in stoker.inpod.seed; image, env and mounts are untouched.
 
-    The wrapper runs the server, waits for /health (vLLM writes its compile artifacts before it answers),
-    prints the model's facts line, sends one completion, stops the server and exits 0; it exits non-zero if
-    the server dies first. The completion JIT-compiles the Triton kernels of the first request into
-    TRITON_CACHE_DIR on the volume: measured on an H100 (bench/results/seed-warmup-h100.json), serving pods'
-    first completion then took 0.12 s instead of 1.26 s, at 1.1 s of the seed's time.
+    The wrapper empties the cache volume, runs the server, waits for /health (vLLM writes its compile
+    artifacts before it answers), prints the model's facts line, sends one completion, stops the server and
+    exits 0; it exits non-zero if the server dies first. The completion JIT-compiles the Triton kernels of
+    the first request into TRITON_CACHE_DIR on the volume: measured on an H100 (bench/results/
+    seed-warmup-h100.json), serving pods' first completion then took 0.12 s instead of 1.26 s, at 1.1 s of
+    the seed's time.
 
     It also records the import pages: it evicts the image's Python files (everything under sys.path) from
     the page cache, and once the server starts its engine process (its imports are done) records which
@@ -53,7 +54,10 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
     # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins.
     pin = ["--pin-ptxas"] if reads_ahead(svc) else []
-    recorded = ["--pages", import_pages_listing(svc), *again, *pin, "--"]
+    # Emptied first: the volume may hold what another key's or another owner's pods wrote (controller/
+    # ownership.py), which vLLM would load as this key's compile cache.
+    empty = ["--empty", engine.cache_mount_path]
+    recorded = ["--pages", import_pages_listing(svc), *empty, *again, *pin, "--"]
     return dataclasses.replace(
         engine, command=["python3", "-m", seed_program.__name__], args=[*recorded, *engine.argv]
     )

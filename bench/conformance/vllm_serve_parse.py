@@ -4,7 +4,8 @@ Reads JSON from stdin, {"argvs": [[...], ...], "json_flag_dest": "compilation_co
 and prints one JSON line per argv: null when vLLM refuses it, else the parsed namespace as
 {dest: repr(value)}, with the owned keys of the JSON-valued flag as `<dest>.<key>` entries.
 With {"options": true} instead, it prints every option of `vllm serve` once, one JSON line each:
-{"strings": [...], "takes_value": bool, "choices": [...] or null}.
+{"strings": [...], "takes_value": bool, "nargs": argparse's nargs (null: one value),
+"choices": [...] or null}.
 The parser is built the way `vllm` (vllm/entrypoints/cli/main.py) builds it, from the `serve` subcommand.
 """
 
@@ -35,7 +36,12 @@ def serve_options(parser: FlexibleArgumentParser) -> None:
     for action in subparsers.choices["serve"]._actions:
         if action.option_strings:
             choices = [str(choice) for choice in action.choices] if action.choices else None
-            line = {"strings": action.option_strings, "takes_value": action.nargs != 0, "choices": choices}
+            line = {
+                "strings": action.option_strings,
+                "takes_value": action.nargs != 0,
+                "nargs": action.nargs,
+                "choices": choices,
+            }
             print(json.dumps(line), flush=True)
 
 

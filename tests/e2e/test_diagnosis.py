@@ -1,0 +1,161 @@
+"""Why a replica or seed does not start, on the VLLMService, on the real control plane (issue 37).
+
+The scheduler is the real one, on kwok nodes: a pod it cannot place carries its own Unschedulable condition
+and message. kwok runs no containers, so what a kubelet would report of them (an OOM kill, a failed seed's
+log tail in its termination message) comes from kwok stages asked for through the pod's env
+(hack/kwok/stages.yaml: KWOK_SIMULATE_FAILURE, KWOK_SIMULATE_FAILURE_REASON, KWOK_SIMULATE_FAILURE_LOG).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from stoker.controller.diagnose import UNSCHEDULABLE_GRACE_SECONDS
+from stoker.inpod.seed import MODEL_PATH_MISSING_LINE
+from tests.e2e.helpers import condition, get_json, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def service(name: str, seed: bool, **runtime: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "stoker.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "runtime": {"replicas": 1, **runtime},
+            "coldStart": {"seed": {"enabled": seed}},
+        },
+    }
+
+
+def apply(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> None:
+    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
+
+
+def wait_condition(
+    kubectl: Any, namespace: str, name: str, kind: str, status: str, reason: str, timeout: float = 60
+) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
+        held = condition(svc, kind)
+        return svc if (held.get("status"), held.get("reason")) == (status, reason) else None
+
+    return wait_for(found, timeout, what=f"{namespace}/{name} {kind}={status} reason {reason}")
+
+
+UNSCHEDULABLE = {
+    # case -> (seed, runtime, what the scheduler says)
+    "no-node-matches": (False, {"nodeSelector": {"pool": "none-such"}}, "didn't match Pod's node affinity"),
+    "insufficient-memory": (False, {"resources": {"memory": "4Ti"}}, "Insufficient memory"),
+}
+
+
+@pytest.mark.parametrize("case", UNSCHEDULABLE)
+def test_a_pod_the_scheduler_cannot_place_stops_progress_with_the_schedulers_message(
+    case, namespace, kubectl, operator
+):
+    seed, runtime, said = UNSCHEDULABLE[case]
+    apply(kubectl, namespace, service("unplaced", seed, **runtime))
+    svc = wait_condition(kubectl, namespace, "unplaced", "Progressing", "False", "Unschedulable")
+    message = condition(svc, "Progressing")["message"]
+    assert message.startswith(f"Pod {namespace}/unplaced-") and said in message, message
+    assert condition(svc, "Available")["status"] == "False"
+    assert svc["status"]["ready"] == "0/1"
+
+
+@pytest.fixture
+def tainted_node(kubectl: Any) -> Any:
+    """A kwok node of its own label, tainted: the only one a pod selecting that label may land on."""
+    name = f"kwok-tainted-{uuid.uuid4().hex[:6]}"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": name, "pool": name},
+        },
+        "spec": {"taints": [{"key": "stoker.dev/broken-gpu", "value": "true", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(node))
+    yield name
+    kubectl("delete", "node", name, "--wait=false")
+
+
+def test_a_taint_the_pods_do_not_tolerate_is_named(namespace, kubectl, operator, tainted_node):
+    apply(kubectl, namespace, service("tainted", False, nodeSelector={"pool": tainted_node}))
+    svc = wait_condition(kubectl, namespace, "tainted", "Progressing", "False", "Unschedulable")
+    assert "untolerated taint" in condition(svc, "Progressing")["message"]
+
+
+def test_an_unschedulable_pod_degrades_after_the_documented_grace(namespace, kubectl, operator):
+    apply(kubectl, namespace, service("waits", False, nodeSelector={"pool": "none-such"}))
+    svc = wait_condition(kubectl, namespace, "waits", "Progressing", "False", "Unschedulable")
+    assert condition(svc, "Degraded")["status"] == "False"  # a cluster autoscaler may add the node
+    began = time.monotonic()
+    svc = wait_condition(
+        kubectl, namespace, "waits", "Degraded", "True", "Unschedulable", UNSCHEDULABLE_GRACE_SECONDS + 30
+    )
+    assert time.monotonic() - began <= UNSCHEDULABLE_GRACE_SECONDS + 30
+    assert "didn't match Pod's node affinity" in condition(svc, "Degraded")["message"]
+
+
+def test_a_missing_model_claim_is_named_while_the_seed_waits(namespace, kubectl, operator):
+    manifest = service("noclaim", True)
+    manifest["spec"]["model"]["source"] = {"pvc": {"claimName": "models", "path": "/llama"}}
+    apply(kubectl, namespace, manifest)
+    svc = wait_condition(kubectl, namespace, "noclaim", "Progressing", "False", "Unschedulable")
+    message = condition(svc, "Progressing")["message"]
+    assert (
+        f"Pod {namespace}/noclaim-seed-" in message and 'persistentvolumeclaim "models" not found' in message
+    )
+
+
+def failing_seed(name: str, **failure: str) -> dict[str, Any]:
+    env = [{"name": "KWOK_SIMULATE_FAILURE", "value": "true"}]
+    env += [
+        {"name": f"KWOK_SIMULATE_FAILURE_{key.upper()}", "value": value} for key, value in failure.items()
+    ]
+    return service(name, True, env=env)
+
+
+def test_a_failed_seed_says_why_with_the_last_lines_of_its_log(namespace, kubectl, operator):
+    log = "INFO loading\nTraceback (most recent call last):\nerror: unrecognized arguments: --max-batch-size"
+    apply(kubectl, namespace, failing_seed("badflag", log=log))
+    svc = wait_condition(kubectl, namespace, "badflag", "Degraded", "True", "SeedFailed")
+    message = condition(svc, "Degraded")["message"]
+    assert message.startswith(f"Pod {namespace}/badflag-seed-"), message
+    assert "container vllm exited with code 1; its log ends:" in message
+    assert "unrecognized arguments: --max-batch-size" in message
+
+
+def test_a_seed_killed_for_memory_is_an_oom_kill(namespace, kubectl, operator):
+    apply(kubectl, namespace, failing_seed("oom", reason="OOMKilled"))
+    svc = wait_condition(kubectl, namespace, "oom", "Degraded", "True", "OOMKilled")
+    assert "killed for using more memory than its limit" in condition(svc, "Degraded")["message"]
+
+
+def test_a_model_path_that_does_not_exist_names_the_path_and_the_claim(namespace, kubectl, operator):
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "weights"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    apply(kubectl, namespace, claim)
+    # The seed's own check prints this before vLLM starts (stoker.inpod.seed); kwok plays its exit.
+    manifest = failing_seed("nopath", log=f"{MODEL_PATH_MISSING_LINE} /models/llama-8b")
+    manifest["spec"]["model"]["source"] = {"pvc": {"claimName": "weights", "path": "/llama-8b"}}
+    apply(kubectl, namespace, manifest)
+    svc = wait_condition(kubectl, namespace, "nopath", "Degraded", "True", "ModelPathMissing", 90)
+    message = condition(svc, "Degraded")["message"]
+    assert "the model path /models/llama-8b does not exist" in message
+    assert "PersistentVolumeClaim weights" in message and "/llama-8b (spec.model.source.pvc.path)" in message
