@@ -31,6 +31,7 @@ epp-build:
 # kubelet and kube-proxy come from the control plane's go build). Where this machine cannot run a real node,
 # `hack/node check` says why, and the real-node tests say so too.
 node-build: cluster-build
+	hack/node deps
 	if hack/node check; then hack/node build; fi
 
 # The real node's images (pause, stoker, vLLM CPU from the vllm-venv), built offline; where this machine
