@@ -19,7 +19,8 @@ from stoker import __version__
 from tests.conftest import REPO, Helm, Kubectl, RealNode
 from tests.e2e.helpers import get_json, wait_for
 
-pytestmark = pytest.mark.e2e
+# The first test brings the node up (hack/node up imports a new image archive once: minutes for vLLM's).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 STOKER_IMAGE = f"ghcr.io/stoker-dev/stoker:{__version__}"
 NODE_POD_CIDR = ipaddress.ip_network("10.89.0.0/24")  # hack/node's default STOKER_NODE_NET
