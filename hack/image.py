@@ -3,8 +3,10 @@
 
     hack/image.py OUT.tar --tag REF --layer base.tar [--layer more.tar ...] [--entrypoint JSON] [--cmd JSON]
                   [--env K=V ...] [--user UID:GID] [--workdir DIR]
-    hack/image.py --tree LAYER.tar SRC_DIR
-                  a layer holding SRC_DIR at its own absolute path, parents world-traversable (0755)
+    hack/image.py --tree LAYER.tar SRC_DIR [--venv-python INTERPRETER]
+                  a layer holding SRC_DIR at its own absolute path, parents world-traversable (0755);
+                  with --venv-python, SRC_DIR is a virtual environment whose interpreter in the image is
+                  INTERPRETER (bin/python and pyvenv.cfg's home point there, not at the building host's)
 
 The archive is what `docker save` writes (manifest.json, the config, one uncompressed tar per layer) and what
 `ctr images import` reads. crane can append layers offline but sets an image's entrypoint, user and
@@ -53,10 +55,24 @@ def write_archive(out: Path, tag: str, layers: list[Path], config: dict[str, obj
     partial.rename(out)
 
 
-def write_tree_layer(out: Path, source: Path) -> None:
+def write_tree_layer(out: Path, source: Path, venv_python: str | None = None) -> None:
     source = source.resolve()
     if not source.is_dir():
         sys.exit(f"image.py: {source} is not a directory")
+    root = str(source).lstrip("/")
+    config = source / "pyvenv.cfg"
+    if venv_python and not config.is_file():
+        sys.exit(f"image.py: {source} is not a virtual environment (no pyvenv.cfg)")
+
+    def in_image(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if not venv_python:
+            return info
+        if info.name == f"{root}/pyvenv.cfg":
+            return None  # added below, rewritten
+        if info.name == f"{root}/bin/python" and info.issym():
+            info.linkname = venv_python  # the host's interpreter (pyenv, uv) is not in the image
+        return info
+
     partial = out.with_suffix(".partial")
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as layer:
         # Parents such as /root are 0700 in the base: the image's non-root user must reach SRC_DIR.
@@ -64,7 +80,14 @@ def write_tree_layer(out: Path, source: Path) -> None:
             info = tarfile.TarInfo(str(parent).lstrip("/"))
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             layer.addfile(info)
-        layer.add(source, arcname=str(source).lstrip("/"))  # hard links inside stay links
+        layer.add(source, arcname=root, filter=in_image)  # hard links inside stay links
+        if venv_python:
+            lines = config.read_text().splitlines()
+            home = f"home = {Path(venv_python).parent}"
+            data = "\n".join(home if line.startswith("home =") else line for line in lines).encode() + b"\n"
+            info = tarfile.TarInfo(f"{root}/pyvenv.cfg")
+            info.size, info.mode = len(data), 0o644
+            layer.addfile(info, io.BytesIO(data))
     partial.rename(out)
 
 
@@ -74,6 +97,7 @@ def main() -> None:
     )
     parser.add_argument("out", type=Path)
     parser.add_argument("--tree", type=Path, help="write OUT as a layer of this directory instead")
+    parser.add_argument("--venv-python", help="with --tree: the venv's interpreter inside the image")
     parser.add_argument("--tag")
     parser.add_argument("--layer", type=Path, action="append", default=[])
     parser.add_argument("--entrypoint", type=json.loads)
@@ -83,7 +107,7 @@ def main() -> None:
     parser.add_argument("--workdir")
     args = parser.parse_args()
     if args.tree:
-        write_tree_layer(args.out, args.tree)
+        write_tree_layer(args.out, args.tree, args.venv_python)
         return
     if not args.tag or not args.layer:
         parser.error("--tag and at least one --layer are required")
