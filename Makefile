@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build node-build vllm-venv node-images lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build epp-build node-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -67,6 +67,11 @@ conformance-flags: venv
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
 test: venv cluster-build epp-build vllm-venv node-images lint
 	$(BIN)/pytest tests
+
+# Stock vLLM against a VLLMService through real pods on the real node, and the same containers as host
+# processes, interleaved, 3 repetitions (about 30 min on 2 cores); writes bench/results/realnode-cpu.json.
+bench-realnode: venv cluster-build node-images
+	$(BIN)/python -m bench.realnode
 
 # Every example against every vLLM version in bench/conformance/versions.py (about 15 min per CPU version
 # here); writes bench/results/conformance.json and docs/compatibility.md.

@@ -7,7 +7,6 @@ with a developer's `hack/cluster up`; it is torn down at the end unless STOKER_K
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -96,13 +95,6 @@ class RealNode:
                 {"key": self.label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
             ],
         }
-
-    def advertise_gpus(self, kubectl: Kubectl, count: int) -> None:
-        """`nvidia.com/gpu` in the node's capacity, as a device plugin would report it, so that stoker's pods
-        (which ask for GPUs) schedule here; they run vLLM's CPU platform. The kubelet keeps an extended
-        resource it does not manage."""
-        patch = json.dumps({"status": {"capacity": {"nvidia.com/gpu": str(count)}}})
-        kubectl("patch", "node", self.name, "--subresource=status", "--type=merge", "-p", patch)
 
 
 @pytest.fixture(scope="session")
