@@ -7,7 +7,7 @@ It starts its own control plane and real node (hack/cluster, hack/node) and the 
 process, writes the conformance harness's tiny checkpoint (bench/conformance/tiny_model.py) to a hostPath
 volume, and seeds the VLLMService once. Then, interleaved, each repetition starts from zero replicas:
 - `pod-stock`: a plain Deployment running `vllm serve` in the same image on the same volume, with the same
-  settings (max-model-len, KV-cache size, memory) and a readiness probe of the period stoker's startup probe
+  settings (max-model-len, KV-cache size, the memory request stoker renders) and a readiness probe of the period stoker's startup probe
   has (1 s), so the difference is the engine's start, not the probe;
 - `pod-stoker`: the VLLMService scaled from 0 to 1, its pod starting from the seeded compile cache;
 - `host-stock` and `host-stoker`: the two Deployments' own containers as host processes
@@ -52,7 +52,10 @@ SERVICE, STOCK = "real", "stock"
 SERVED_NAME = "tiny"
 MAX_MODEL_LEN = 512
 KV_CACHE_ENV = {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}
-MEMORY = "4Gi"
+# stoker's default for one GPU: a request of 6 GiB + 2 GiB per GPU and no limit. A limit would not do on
+# CPU: vLLM 0.26's CPU worker takes the cgroup's usage, page cache included (the 6 GB of libraries its
+# imports read), for memory in use, and refused its KV cache with 0.79 of a 4 GiB limit "available".
+MEMORY_REQUEST = "8Gi"
 NODE = "stoker-node"
 NODE_LABEL = "stoker.dev/real-node"  # hack/node's label and taint key
 START_TIMEOUT_SECONDS = 900
@@ -137,7 +140,6 @@ def vllm_service(replicas: int, max_model_len: int = MAX_MODEL_LEN) -> dict[str,
                 "image": f"ghcr.io/stoker-dev/stoker-vllm:{default_version()}",
                 "replicas": replicas,
                 "maxModelLen": max_model_len,
-                "resources": {"memory": MEMORY},
                 "env": [KV_CACHE_ENV],
                 **placement(),
             },
@@ -167,7 +169,7 @@ def stock_objects() -> list[dict[str, Any]]:
         ],
         "env": [KV_CACHE_ENV],
         "ports": [{"name": "http", "containerPort": 8000}],
-        "resources": {"requests": {"memory": MEMORY}, "limits": {"memory": MEMORY, "nvidia.com/gpu": "1"}},
+        "resources": {"requests": {"memory": MEMORY_REQUEST}, "limits": {"nvidia.com/gpu": "1"}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
         "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
     }

@@ -94,8 +94,14 @@ def test_a_vllmservice_seeds_serves_scales_reseeds_and_goes_on_the_real_node(
         lambda: len(ready_pods(kubectl, namespace)) == 2, START_TIMEOUT_SECONDS, "two Ready serving pods"
     )
 
-    # A spec change that changes the cache key (and scales back to 1): a new seed runs while the old pods
-    # keep serving, then one pod of the new key replaces them.
+    # Back to 1, then a spec change that changes the cache key: a new seed runs while the old pod keeps
+    # serving, then a pod of the new key replaces it. (Three pods of 8 GiB requests do not fit this node.)
+    kubectl("-n", namespace, "scale", "vllmservice", SERVICE, "--replicas=1")
+    wait_for(
+        lambda: len((get_json(kubectl, "-n", namespace, "pods", "-l", SERVER) or {}).get("items", [])) == 1,
+        300,
+        "one serving pod",
+    )
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(vllm_service(1, max_model_len=1024)))
 
     def reseeding() -> bool:
