@@ -7,8 +7,8 @@ It starts its own control plane and real node (hack/cluster, hack/node) and the 
 process, writes the conformance harness's tiny checkpoint (bench/conformance/tiny_model.py) to a hostPath
 volume, and seeds the VLLMService once. Then, interleaved, each repetition starts from zero replicas:
 - `pod-stock`: a plain Deployment running `vllm serve` in the same image on the same volume, with the same
-  settings (max-model-len, KV-cache size, the memory request stoker renders) and a readiness probe of the period stoker's startup probe
-  has (1 s), so the difference is the engine's start, not the probe;
+  settings (max-model-len, KV-cache size, the memory request stoker renders) and a readiness probe of the
+  period stoker's startup probe has (1 s), so the difference is the engine's start, not the probe;
 - `pod-stoker`: the VLLMService scaled from 0 to 1, its pod starting from the seeded compile cache;
 - `host-stock` and `host-stoker`: the two Deployments' own containers as host processes
   (bench/conformance/swaps.py; bench/predictor/cpu_sweep.run_start, the CPU sweep's recorder).
