@@ -103,9 +103,11 @@ def model_and_cache_volumes(kubectl: Kubectl, namespace: str, root: Path, python
     if not (models / SERVED_NAME / "config.json").exists():
         subprocess.run([str(python), tiny_model.__file__, models / SERVED_NAME], check=True)
     cache.mkdir(parents=True, exist_ok=True)
-    # The engine runs as uid 1000; hostPath volumes take no fsGroup.
+    # The engine runs as uid 1000; hostPath volumes take no fsGroup. (safetensors writes its file 0600.)
     for directory in (root, models, models / SERVED_NAME):
         directory.chmod(0o755)
+    for file in (models / SERVED_NAME).iterdir():
+        file.chmod(0o644)
     cache.chmod(0o777)
     host_path_volume(kubectl, namespace, "models", models)
     host_path_volume(kubectl, namespace, f"{SERVICE}-cache", cache)
