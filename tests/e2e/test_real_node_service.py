@@ -44,7 +44,13 @@ def ready_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
 
 
 def served(kubectl: Kubectl, namespace: str) -> bool:
-    return complete_through_service(kubectl, namespace, SERVICE, timeout=60)
+    """A completion through the Service within a minute: kube-proxy's rules follow the endpoints' readiness
+    a moment later (until then, a Service with no ready endpoint rejects)."""
+    return bool(
+        wait_for(
+            lambda: complete_through_service(kubectl, namespace, SERVICE), 60, "a completion via the Service"
+        )
+    )
 
 
 @pytest.mark.timeout(5 * START_TIMEOUT_SECONDS)
