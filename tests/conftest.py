@@ -24,6 +24,7 @@ from stoker.cli import main as stoker_main
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
+HACK_NODE = REPO / "hack" / "node"
 ARTIFACTS = Path(os.environ.get("STOKER_TEST_ARTIFACTS", REPO / ".artifacts" / "e2e"))
 
 
@@ -77,6 +78,41 @@ def cluster() -> Iterator[Cluster]:
     finally:
         if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
             subprocess.run([HACK_CLUSTER, "down"], env=env, check=False, timeout=120)
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """The real node `hack/node up` started beside the kwok nodes: kubelet, containerd, runc, kube-proxy."""
+
+    name: str
+    label: str  # label key, value "true"; also the key of its NoSchedule taint
+
+    def placement(self) -> dict[str, object]:
+        """Pod spec fields that put a pod on this node, and only there."""
+        return {
+            "nodeSelector": {self.label: "true"},
+            "tolerations": [
+                {"key": self.label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+            ],
+        }
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> Iterator[RealNode]:
+    """A real node in the session's cluster. Where this machine cannot run one (not root, no cgroups), the
+    reason is reported and the tests that need it are skipped (failed under CI); the rest stay on kwok."""
+    check = subprocess.run([HACK_NODE, "check"], env=cluster.env, capture_output=True, text=True)
+    if check.returncode != 0:
+        message = f"{check.stderr.strip()}; only the kwok nodes are used"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    subprocess.run([HACK_NODE, "up"], env=cluster.env, check=True, timeout=900)
+    try:
+        yield RealNode(name="stoker-node", label="stoker.dev/real-node")
+    finally:
+        if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
+            subprocess.run([HACK_NODE, "down"], env=cluster.env, check=False, timeout=300)
 
 
 @pytest.fixture(scope="session")
