@@ -22,8 +22,7 @@ from bench.conformance.versions import default_version
 from hack.kwoklogs import print_recording, serve_log, started_at
 
 from stoker.phases import KUBERNETES_PHASES, parse_log
-from tests.e2e.helpers import get_json, wait_for
-from tests.e2e.test_startup import FIXTURES
+from tests.e2e.helpers import RECORDED, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +43,7 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
     instance = "app.kubernetes.io/instance=live"
     print_recording(
-        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
+        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", RECORDED / "seed.log", tmp_path
     )
 
     def started_server_pod():

@@ -25,15 +25,19 @@ from stoker.predict.predictor import predict
 from stoker.predict.service import service_settings
 from stoker.predict.shipped import shipped_coefficients
 from stoker.render import MODEL_FACTS_ANNOTATION
-from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.helpers import (
+    CONFIGMAP,
+    CONFIGMAP_NAMESPACE,
+    DATA,
+    RECORDED,
+    fleet,
+    get_json,
+    llama,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
-DATA = Path(__file__).resolve().parent / "data"
-RECORDED = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
-# The operator's defaults outside the chart (tests/conftest.py runs `stoker run` without them set).
-CONFIGMAP = ("configmap", "stoker-startup-coefficients")
-CONFIGMAP_NAMESPACE = "default"
 HARDWARE = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.22")
 WEIGHTS_LOADED = "Model loading took"
 
@@ -50,25 +54,6 @@ def stretched(recording: Path, from_marker: str, seconds: float, target: Path) -
         lines.append(line)
     target.write_text("\n".join(lines) + "\n")
     return target
-
-
-def llama(name: str, **runtime: object) -> dict:
-    """Llama-3.1-8B on vLLM 0.22.1, the version of the recorded logs (so observations and predictions
-    share a hardware class)."""
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "runtime": {"engineVersion": "0.22.1", **runtime},
-        },
-    }
-
-
-def fleet(kubectl) -> dict[str, str]:
-    configmap = get_json(kubectl, "-n", CONFIGMAP_NAMESPACE, *CONFIGMAP) or {}
-    return dict(configmap.get("data") or {})
 
 
 def coefficients_of(kubectl, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
