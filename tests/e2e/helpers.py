@@ -73,8 +73,8 @@ def vllm_service(
     }
 
 
-def seeded_service(name: str, seed: bool, **runtime: Any) -> dict[str, Any]:
-    """A Qwen VLLMService with its cache seed on or off."""
+def qwen(name: str, seed: bool = False, **runtime: Any) -> dict[str, Any]:
+    """A Qwen VLLMService whose cache seed is off unless `seed`."""
     return vllm_service(name, cold_start={"seed": {"enabled": seed}}, **runtime)
 
 
