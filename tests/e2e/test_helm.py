@@ -18,12 +18,11 @@ import yaml
 
 from tests.conftest import Helm, Operator
 from tests.e2e.fleet import Fleet, settled, standby_service
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import CHART, condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "stoker"
 EXAMPLE = REPO / "examples" / "minimal.yaml"
 ARTIFACTS = REPO / ".artifacts" / "e2e"
 RELEASE = "stoker"

@@ -18,6 +18,13 @@ import pytest
 from stoker.api import VLLMService
 from stoker.render import cache_key, short_cache_key
 from tests.conftest import Helm
+from tests.e2e.admission import (
+    TENANT,
+    apply_as,
+    apply_chart,
+    editor_in_force,
+    refusal,
+)
 from tests.e2e.helpers import (
     apply,
     condition,
@@ -28,7 +35,6 @@ from tests.e2e.helpers import (
     wait_for,
     wait_ready,
 )
-from tests.e2e.test_admission import EDITOR, TENANT, apply_as, chart_objects, may, refusal
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +48,8 @@ EDITORS_IMAGE = "registry.example/editor/vllm:0.26.0"
 def policy(kubectl, helm: Helm, namespace: str) -> str:
     """The chart's tenant boundary in force, and TENANT holding only its VLLMService editor role in
     `namespace`."""
-    kubectl("apply", "-f", "-", input=chart_objects(helm))
-    kubectl("-n", namespace, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
-    wait_for(
-        lambda: may(kubectl, namespace, TENANT, "create", "vllmservices.stoker.dev"),
-        timeout=30,
-        what="binding",
-    )
-    return namespace
+    apply_chart(kubectl, helm)
+    return editor_in_force(kubectl, namespace)
 
 
 def claim_of(kubectl, namespace: str, name: str) -> dict[str, Any]:
