@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import Helm
-from tests.e2e.helpers import CHART, QWEN, wait_for
+from tests.e2e.helpers import CHART, QWEN, apply, wait_for
 
 # The policy's and the roles' names carry the release namespace; nothing is installed in it.
 RELEASE_NAMESPACE = "admission-e2e"
@@ -77,14 +77,7 @@ def bind(kubectl, namespace: str, user: str, rule: dict[str, Any], name: str) ->
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }
-    kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [role, binding]}),
-    )
+    apply(kubectl, namespace, {"kind": "List", "apiVersion": "v1", "items": [role, binding]})
     resource, _, subresource = rule["resources"][0].partition("/")
     target = resource + (f".{rule['apiGroups'][0]}" if rule["apiGroups"][0] else "")
     target += "".join(f"/{name}" for name in rule.get("resourceNames", [])[:1])

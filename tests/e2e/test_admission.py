@@ -38,7 +38,7 @@ from tests.e2e.admission import (
     refusal,
     tenant_namespace,
 )
-from tests.e2e.helpers import CHART, get_json, wait_for
+from tests.e2e.helpers import CHART, apply, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 __all__ = ["probe_namespace", "tenant_namespace"]  # the fixtures, used by name
@@ -446,14 +446,7 @@ def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, t
     """An admin's VLLMService runs as a privileged ServiceAccount: the tenant may scale it and label it, but
     a spec change of theirs would run their image as that account."""
     namespace = tenant_namespace
-    kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(manifest({"pod": {"serviceAccountName": "admin-sa"}})),
-    )
+    apply(kubectl, namespace, manifest({"pod": {"serviceAccountName": "admin-sa"}}))
     patch = json.dumps({"spec": {"runtime": {"image": "attacker/vllm:latest"}}})
     changed = kubectl(
         "--as",

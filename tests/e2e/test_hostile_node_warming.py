@@ -6,7 +6,6 @@ OverBudget and loses its warmer, and every warmer's --budget-bytes is what it wa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from hack.kwoklogs import print_recording
 
 from tests.e2e.helpers import (
     DATA,
+    apply,
     condition,
     get_json,
     get_service,
@@ -56,13 +56,13 @@ def test_forged_facts_do_not_keep_another_tenant_cold(
 ) -> None:
     mallory, alice = namespace, other_namespace
     for name, checkpoint in (("small", 1), ("big", 28 * GIB - 1)):
-        kubectl("-n", mallory, "apply", "-f", "-", input=json.dumps(warming_service(name, warm_node)))
+        apply(kubectl, mallory, warming_service(name, warm_node))
         seed_prints(kubectl, mallory, name, checkpoint, tmp_path)
     # Alone, the forger's namespace may borrow the whole budget.
     for name in ("small", "big"):
         wait_for(lambda n=name: reason(kubectl, mallory, n) in ("Warming", "Warm"), what=f"{name} admitted")
 
-    kubectl("-n", alice, "apply", "-f", "-", input=json.dumps(warming_service("llama", warm_node)))
+    apply(kubectl, alice, warming_service("llama", warm_node))
     seed_prints(kubectl, alice, "llama", HONEST_CHECKPOINT, tmp_path)
     wait_for(
         lambda: reason(kubectl, alice, "llama") in ("Warming", "Warm"), what="the honest service admitted"

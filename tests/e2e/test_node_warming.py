@@ -17,6 +17,7 @@ from stoker.render import COMPONENT_NODE_WARMER, NODE_WARMER_PORT
 from tests.e2e.helpers import (
     DATA,
     WARM_NODE,
+    apply,
     condition,
     get_json,
     get_service,
@@ -41,7 +42,7 @@ def seed_reports_facts(kubectl: Any, namespace: str, name: str, workdir: Path) -
 def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     namespace: str, kubectl: Any, operator: Any, warm_node: dict[str, str], tmp_path: Path
 ) -> None:
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(warming_service("first", warm_node)))
+    apply(kubectl, namespace, warming_service("first", warm_node))
     # Before the seed has reported the checkpoint's size there is nothing to size a warmer by.
     waiting = wait_for(
         lambda: (
@@ -92,7 +93,7 @@ def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     assert f'stoker_node_warming_wanted_bytes{{namespace="{namespace}",service="first"}}' in metrics
 
     # A second service of the same model: two checkpoints and their import pages exceed 32 GiB per node.
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(warming_service("second", warm_node)))
+    apply(kubectl, namespace, warming_service("second", warm_node))
     seed_reports_facts(kubectl, namespace, "second", tmp_path)
 
     def over_budget() -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from tests.e2e.helpers import (
     CONFIGMAP_NAMESPACE,
     DATA,
     RECORDED,
+    apply,
     fleet,
     get_json,
     llama,
@@ -72,7 +73,7 @@ def events(kubectl, namespace: str) -> list[dict]:
 def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, operator, tmp_path):
     # Nothing serves until the test scales it up, so "before the first serving pod" is certain.
     svc = llama("predicted", replicas=0)
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     seed_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=seed"
     print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
 
@@ -191,7 +192,7 @@ def test_the_cache_claim_keeps_the_model_facts_of_its_seed(namespace, kubectl, o
     """The facts are signed on the claim with the seed's record: an operator that restarts (nothing in its
     memory) restores them to status from there, whatever status was made to say meanwhile."""
     svc = llama("reused")
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     seed_selector = "app.kubernetes.io/instance=reused,app.kubernetes.io/component=seed"
     print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
 
@@ -222,7 +223,7 @@ def test_a_hub_snapshot_without_weights_takes_them_from_the_seed_log(namespace, 
     """The seed loads dummy weights, so a hub model's snapshot holds none and its facts line says
     checkpointBytes 0; the recorded seed's `Model loading took 14.96 GiB memory` stands in."""
     svc = llama("hub-weights", replicas=0)
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     recording = (DATA / "seed-with-facts.log").read_text()
     without_weights = re.sub(r'"checkpointBytes": \d+', '"checkpointBytes": 0', recording)
     assert without_weights != recording and WEIGHTS_LOADED in without_weights

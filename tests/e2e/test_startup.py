@@ -11,7 +11,7 @@ import pytest
 from hack.kwoklogs import print_recording, serve_log
 
 from stoker.phases import parse_log
-from tests.e2e.helpers import RECORDED, condition, get_json, wait_for
+from tests.e2e.helpers import RECORDED, apply, condition, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +23,7 @@ def apply_llama(kubectl, namespace: str, name: str) -> None:
         "metadata": {"name": name},
         "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
             "coldStart": {"seed": {"enabled": False}},
         },
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     selector = "app.kubernetes.io/instance=restarts,app.kubernetes.io/component=server"
     pod = print_recording(kubectl, namespace, selector, RECORDED / "seeded-serving.log", tmp_path)
 
