@@ -1,7 +1,7 @@
 """The compile-cache PVC on delete (spec.coldStart.compileCache.retentionPolicy), on the real control plane:
 a kept cache is taken back by the next VLLMService of its name that asks for it (reuseRetained), seeded
-again for its new owner; a user's PVC of that name never is (tests/e2e/test_hostile_cache.py: one that does
-not ask)."""
+again for its new owner; a user's PVC of that name never is (tests/e2e/test_hostile_cache_claim.py: one
+that does not ask)."""
 
 from __future__ import annotations
 
