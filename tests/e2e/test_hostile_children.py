@@ -46,8 +46,10 @@ def create(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> dict[str, 
     return found
 
 
-def wait_degraded(kubectl: Any, namespace: str, name: str, reason: str) -> dict[str, Any]:
-    return wait_condition(kubectl, namespace, name, "Degraded", "True", reason, timeout=90)
+def wait_degraded(
+    kubectl: Any, namespace: str, name: str, reason: str, timeout: float = 90
+) -> dict[str, Any]:
+    return wait_condition(kubectl, namespace, name, "Degraded", "True", reason, timeout)
 
 
 def warnings(kubectl: Any, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
