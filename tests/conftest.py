@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from bench.conformance.versions import default_version, venv_path, venv_ready
 
 from stoker.cli import main as stoker_main
+from tests.e2e.helpers import create_namespace
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
@@ -167,13 +167,7 @@ def crd(kubectl: Kubectl) -> None:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    # Pods are rejected until the service-account controller has made "default" in the namespace.
-    deadline = time.monotonic() + 30
-    while kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default service account never appeared"
-        time.sleep(0.2)
+    name = create_namespace(kubectl)
     yield name
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:

@@ -11,7 +11,6 @@ venv fails the test instead of skipping it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -22,8 +21,7 @@ from bench.conformance.versions import default_version
 from hack.kwoklogs import print_recording, serve_log, started_at
 
 from stoker.phases import KUBERNETES_PHASES, parse_log
-from tests.e2e.helpers import get_json, wait_for
-from tests.e2e.test_startup import FIXTURES
+from tests.e2e.helpers import RECORDED, apply, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +39,10 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
         "metadata": {"name": "live"},
         "spec": {"model": {"name": "stoker-test/tiny-llama", "servedModelName": SERVED_NAME}},
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     instance = "app.kubernetes.io/instance=live"
     print_recording(
-        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
+        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", RECORDED / "seed.log", tmp_path
     )
 
     def started_server_pod():
