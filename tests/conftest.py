@@ -85,16 +85,7 @@ class RealNode:
     """The real node `hack/node up` started beside the kwok nodes: kubelet, containerd, runc, kube-proxy."""
 
     name: str
-    label: str  # label key, value "true"; also the key of its NoSchedule taint
-
-    def placement(self) -> dict[str, object]:
-        """Pod spec fields that put a pod on this node, and only there."""
-        return {
-            "nodeSelector": {self.label: "true"},
-            "tolerations": [
-                {"key": self.label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-            ],
-        }
+    placement: Callable[[], dict[str, object]]  # pod spec fields that put a pod here, and only here
 
 
 @pytest.fixture(scope="session")
@@ -108,8 +99,10 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
             pytest.fail(message)
         pytest.skip(message)
     subprocess.run([HACK_NODE, "up"], env=cluster.env, check=True, timeout=900)
+    from bench import realnode  # here, not at the top: it imports the benchmark's harness (about 1 s)
+
     try:
-        yield RealNode(name="stoker-node", label="stoker.dev/real-node")
+        yield RealNode(name=realnode.NODE, placement=realnode.placement)
     finally:
         if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
             subprocess.run([HACK_NODE, "down"], env=cluster.env, check=False, timeout=300)
