@@ -66,7 +66,7 @@ conformance-flags: venv
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
 test: venv cluster-build epp-build vllm-venv node-images lint
-	$(BIN)/pytest tests
+	$(BIN)/pytest --durations=40 tests
 
 # Stock vLLM against a VLLMService through real pods on the real node, and the same containers as host
 # processes, interleaved, 3 repetitions (about 30 min on 2 cores); writes bench/results/realnode-cpu.json.

@@ -123,15 +123,17 @@ def wait_condition(
     status: str,
     reason: str,
     timeout: float = 60,
+    says: str = "",
 ) -> dict[str, Any]:
-    """The VLLMService once its `kind` condition has `status` and `reason`."""
+    """The VLLMService once its `kind` condition has `status` and `reason`, and a message with `says`."""
 
     def found() -> dict[str, Any] | None:
         svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
         held = condition(svc, kind)
-        return svc if (held.get("status"), held.get("reason")) == (status, reason) else None
+        matches = (held.get("status"), held.get("reason")) == (status, reason)
+        return svc if matches and says in held.get("message", "") else None
 
-    return wait_for(found, timeout, what=f"{namespace}/{name} {kind}={status} reason {reason}")
+    return wait_for(found, timeout, what=f"{namespace}/{name} {kind}={status} reason {reason} saying {says!r}")
 
 
 def get_service(kubectl: Callable[..., Any], namespace: str, name: str) -> dict[str, Any]:
