@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build lws-build vllm-venv lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build epp-build lws-build node-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +32,18 @@ epp-build:
 lws-build:
 	hack/lws build
 
+# The real node: containerd, its runc shim and the pause binary (8 min cold on 2 cores, seconds when present;
+# kubelet and kube-proxy come from the control plane's go build). Where this machine cannot run a real node,
+# `hack/node check` says why, and the real-node tests say so too.
+node-build: cluster-build
+	hack/node deps
+	if hack/node check; then hack/node build; fi
+
+# The real node's images (pause, stoker, vLLM CPU from the vllm-venv), built offline; where this machine
+# cannot run a real node, `hack/node check` says why and the real-node tests report it.
+node-images: node-build vllm-venv
+	if hack/node check; then hack/node images; fi
+
 # Real vLLM (CPU build) of stoker's default version, for the live-engine e2e test; reused once installed.
 vllm-venv: venv
 	hack/vllm-venv $$($(BIN)/python -m bench.conformance.versions)
@@ -49,7 +61,7 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv cluster-build epp-build lws-build vllm-venv
+e2e: venv cluster-build epp-build lws-build vllm-venv node-images
 	$(BIN)/pytest tests/e2e
 
 # stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
@@ -58,8 +70,13 @@ conformance-flags: venv
 		tests/conformance/test_serve_options.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
-test: venv cluster-build epp-build lws-build vllm-venv lint
-	$(BIN)/pytest tests
+test: venv cluster-build epp-build lws-build vllm-venv node-images lint
+	$(BIN)/pytest --durations=40 tests
+
+# Stock vLLM against a VLLMService through real pods on the real node, and the same containers as host
+# processes, interleaved, 3 repetitions (about 30 min on 2 cores); writes bench/results/realnode-cpu.json.
+bench-realnode: venv cluster-build node-images
+	$(BIN)/python -m bench.realnode
 
 # Every example against every vLLM version in bench/conformance/versions.py (about 15 min per CPU version
 # here); writes bench/results/conformance.json and docs/compatibility.md.

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,11 @@ import pytest
 from bench.conformance.versions import default_version, venv_path, venv_ready
 
 from stoker.cli import main as stoker_main
+from tests.e2e.helpers import create_namespace
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
+HACK_NODE = REPO / "hack" / "node"
 ARTIFACTS = Path(os.environ.get("STOKER_TEST_ARTIFACTS", REPO / ".artifacts" / "e2e"))
 
 
@@ -79,6 +80,34 @@ def cluster() -> Iterator[Cluster]:
             subprocess.run([HACK_CLUSTER, "down"], env=env, check=False, timeout=120)
 
 
+@dataclass(frozen=True)
+class RealNode:
+    """The real node `hack/node up` started beside the kwok nodes: kubelet, containerd, runc, kube-proxy."""
+
+    name: str
+    placement: Callable[[], dict[str, object]]  # pod spec fields that put a pod here, and only here
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> Iterator[RealNode]:
+    """A real node in the session's cluster. Where this machine cannot run one (not root, no cgroups), the
+    reason is reported and the tests that need it are skipped (failed under CI); the rest stay on kwok."""
+    check = subprocess.run([HACK_NODE, "check"], env=cluster.env, capture_output=True, text=True)
+    if check.returncode != 0:
+        message = f"{check.stderr.strip()}; only the kwok nodes are used"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    subprocess.run([HACK_NODE, "up"], env=cluster.env, check=True, timeout=900)
+    from bench import realnode  # here, not at the top: it imports the benchmark's harness (about 1 s)
+
+    try:
+        yield RealNode(name=realnode.NODE, placement=realnode.placement)
+    finally:
+        if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
+            subprocess.run([HACK_NODE, "down"], env=cluster.env, check=False, timeout=300)
+
+
 @pytest.fixture(scope="session")
 def kubectl(cluster: Cluster) -> Kubectl:
     return kubectl_of(cluster)
@@ -131,13 +160,7 @@ def crd(kubectl: Kubectl) -> None:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    # Pods are rejected until the service-account controller has made "default" in the namespace.
-    deadline = time.monotonic() + 30
-    while kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default service account never appeared"
-        time.sleep(0.2)
+    name = create_namespace(kubectl)
     yield name
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:

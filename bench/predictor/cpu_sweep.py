@@ -130,23 +130,26 @@ def drop_page_cache() -> bool:
     return True
 
 
-def run_start(start: Start, container: dict[str, Any], version: str, runs_dir: Path) -> dict[str, Any]:
-    """One start to readiness (a seed: to its own exit); the record starts.jsonl keeps."""
+def run_start(
+    start: Start, container: dict[str, Any], version: str, runs_dir: Path, work_dir: Path = WORK_DIR
+) -> dict[str, Any]:
+    """One start to readiness (a seed: to its own exit), with its model, caches, HOME and TMPDIR under
+    `work_dir`; the record starts.jsonl keeps."""
     if start.profile == SEED_PROFILE:
-        empty(WORK_DIR / "cache" / start.shape.name)
-    cache_dir = WORK_DIR / "cache" / (STOCK_PROFILE if start.profile == STOCK_PROFILE else start.shape.name)
+        empty(work_dir / "cache" / start.shape.name)
+    cache_dir = work_dir / "cache" / (STOCK_PROFILE if start.profile == STOCK_PROFILE else start.shape.name)
     if start.profile == STOCK_PROFILE:
         empty(cache_dir)
     run = LocalRun(
         venv_path(version),
-        model_dir(start.shape),
+        model_dir(start.shape, work_dir),
         cache_dir,
-        empty(WORK_DIR / "hf-home"),
-        empty(WORK_DIR / "home"),
+        empty(work_dir / "hf-home"),
+        empty(work_dir / "home"),
         free_port(),
     )
     argv = local_argv(container_argv(container), run)
-    env = {**local_env(container, run), "TMPDIR": str(empty(WORK_DIR / "tmp"))}
+    env = {**local_env(container, run), "TMPDIR": str(empty(work_dir / "tmp"))}
     record: dict[str, Any] = {
         "shape": start.shape.name,
         "profile": start.profile,

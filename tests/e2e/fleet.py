@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from stoker.render import PORT
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import condition, get_json, vllm_service, wait_for
 from tests.fakevllm import FakeEngine, FakeEngineServer
 
 ROLE = "stoker.dev/role"
@@ -77,19 +77,8 @@ def sleeps(engine: FakeEngine) -> list[dict[str, list[str]]]:
 
 
 def standby_service(name: str, replicas: int, wake_timeout: int = 10) -> dict[str, Any]:
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-            "runtime": {"replicas": replicas},
-            "coldStart": {
-                "seed": {"enabled": False},
-                "standby": {"replicas": 1, "wakeTimeoutSeconds": wake_timeout},
-            },
-        },
-    }
+    standby = {"replicas": 1, "wakeTimeoutSeconds": wake_timeout}
+    return vllm_service(name, cold_start={"seed": {"enabled": False}, "standby": standby}, replicas=replicas)
 
 
 def settled(fleet: Fleet, active: int, standby: int) -> dict[str, Any] | None:

@@ -10,10 +10,7 @@ install paths do.
 
 from __future__ import annotations
 
-import copy
 import json
-import subprocess
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,119 +18,32 @@ import pytest
 import yaml
 
 from tests.conftest import Helm
-from tests.e2e.helpers import get_json, wait_for
-from tests.e2e.test_helm import CHART
+from tests.e2e.admission import (
+    EDITOR,
+    HOST_PATH,
+    MODEL,
+    NAME,
+    POLICY,
+    TENANT,
+    apply_as,
+    apply_chart,
+    bind,
+    chart_objects,
+    dry_run,
+    manifest,
+    may,
+    policy_alone,
+    policy_refuses,
+    probe_namespace,
+    refusal,
+    tenant_namespace,
+)
+from tests.e2e.helpers import CHART, apply, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
+__all__ = ["probe_namespace", "tenant_namespace"]  # the fixtures, used by name
 
-# The policy's and the roles' names carry the release namespace; nothing is installed in it.
-RELEASE_NAMESPACE = "admission-e2e"
-POLICY = f"{RELEASE_NAMESPACE}-stoker-tenant-boundary"
-EDITOR = f"{RELEASE_NAMESPACE}-stoker-vllmservice-editor"
-TENANT = "alice"
 DEPLOYER = "bob"
-NAME = "svc"
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-def manifest(spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": NAME},
-        "spec": {"model": {"name": MODEL}, **copy.deepcopy(spec or {})},
-    }
-
-
-def chart_objects(helm: Helm, *values: str) -> str:
-    """The chart's tenant boundary and its ClusterRoles for people, as `helm template` renders them."""
-    rendered = helm("template", "stoker", str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
-    docs = [
-        doc
-        for doc in yaml.safe_load_all(rendered)
-        if doc
-        and (
-            doc["kind"].startswith("ValidatingAdmissionPolicy") or "-vllmservice-" in doc["metadata"]["name"]
-        )
-    ]
-    return yaml.safe_dump_all(docs)
-
-
-def apply_as(kubectl, user: str, namespace: str, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return kubectl("--as", user, "-n", namespace, "apply", "-f", "-", input=json.dumps(obj), check=False)
-
-
-def refusal(result: subprocess.CompletedProcess[str]) -> str:
-    """The policy's message of a refused apply."""
-    assert result.returncode != 0, "accepted"
-    assert f"ValidatingAdmissionPolicy '{POLICY}'" in result.stderr and "forbidden" in result.stderr, (
-        result.stderr
-    )
-    return result.stderr.split("denied request: ", 1)[1].strip()
-
-
-def bind(kubectl, namespace: str, user: str, rule: dict[str, Any], name: str) -> None:
-    """A Role of one rule for `user`, in force (`kubectl auth can-i` says yes) when this returns."""
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": name},
-        "rules": [rule],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }
-    kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [role, binding]}),
-    )
-    resource, _, subresource = rule["resources"][0].partition("/")
-    target = resource + (f".{rule['apiGroups'][0]}" if rule["apiGroups"][0] else "")
-    target += "".join(f"/{name}" for name in rule.get("resourceNames", [])[:1])
-    question = [rule["verbs"][0], target, *(["--subresource", subresource] if subresource else [])]
-    wait_for(
-        lambda: may(kubectl, namespace, user, *question), timeout=30, what=f"{user} may {' '.join(question)}"
-    )
-
-
-def may(kubectl, namespace: str, user: str, *question: str) -> bool:
-    """`kubectl auth can-i` as `user`: the API server's own authorizer."""
-    answer = kubectl("auth", "can-i", *question, "-n", namespace, "--as", user, check=False)
-    return answer.stdout.strip() == "yes"
-
-
-@pytest.fixture
-def tenant_namespace(namespace: str, kubectl) -> str:
-    """A namespace where TENANT holds the chart's VLLMService editor role and nothing else."""
-    kubectl("-n", namespace, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
-    wait_for(
-        lambda: may(kubectl, namespace, TENANT, "create", "vllmservices.stoker.dev"),
-        timeout=30,
-        what="binding",
-    )
-    return namespace
-
-
-def dry_run(kubectl, namespace: str, spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """The tenant's create of `spec`, through admission but not stored."""
-    obj = json.dumps(manifest(spec))
-    return kubectl(
-        "--as", TENANT, "-n", namespace, "create", "--dry-run=server", "-f", "-", input=obj, check=False
-    )
-
-
-def policy_refuses(kubectl, namespace: str, spec: dict[str, Any]) -> bool:
-    result = dry_run(kubectl, namespace, spec)
-    return result.returncode != 0 and POLICY in result.stderr
-
 
 # The CSI driver of the nodePublishSecretRef case, allowed so that the grant of its Secret is what decides
 # (test_hostile_admission.py proves a driver not allowed is refused).
@@ -141,33 +51,17 @@ BASE_VALUES = ("--set", "admission.allowedCsiDrivers={secrets-store.csi.k8s.io}"
 
 
 def install(kubectl, helm: Helm, *values: str) -> None:
-    kubectl("apply", "-f", "-", input=chart_objects(helm, *BASE_VALUES, *values))
+    apply_chart(kubectl, helm, *BASE_VALUES, *values)
 
 
-@pytest.fixture(scope="module")
-def probe_namespace(cluster, kubectl, crd: None) -> Iterator[str]:
-    name = f"admission-probe-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    kubectl("-n", name, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
-    yield name
-    kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-HOST_PATH = {"pod": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}
 NFS = {"pod": {"volumes": [{"name": "share", "nfs": {"server": "nfs.local", "path": "/models"}}]}}
 
 
 @pytest.fixture(scope="module")
 def policy(kubectl, helm: Helm, crd: None, probe_namespace: str) -> Iterator[None]:
-    """The chart's policy with its default values, the only tenant boundary in force when tests start (a
-    release another test applied and left would refuse first)."""
-    kubectl("delete", "validatingadmissionpolicybindings", "-l", "app.kubernetes.io/part-of=stoker")
-    install(kubectl, helm)
-    wait_for(
-        lambda: policy_refuses(kubectl, probe_namespace, HOST_PATH), timeout=60, what="the policy in force"
-    )
-    yield
-    kubectl("delete", "-f", "-", "--wait=false", input=chart_objects(helm), check=False)
+    """The chart's policy with its default values (and the CSI driver above)."""
+    with policy_alone(kubectl, helm, probe_namespace, *BASE_VALUES):
+        yield
 
 
 # ------------------------------------------------------------------------------------------- the chart
@@ -552,14 +446,7 @@ def test_spec_updates_are_checked_whole_as_their_author(kubectl, policy: None, t
     """An admin's VLLMService runs as a privileged ServiceAccount: the tenant may scale it and label it, but
     a spec change of theirs would run their image as that account."""
     namespace = tenant_namespace
-    kubectl(
-        "-n",
-        namespace,
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps(manifest({"pod": {"serviceAccountName": "admin-sa"}})),
-    )
+    apply(kubectl, namespace, manifest({"pod": {"serviceAccountName": "admin-sa"}}))
     patch = json.dumps({"spec": {"runtime": {"image": "attacker/vllm:latest"}}})
     changed = kubectl(
         "--as",

@@ -1,7 +1,7 @@
 """The compile-cache PVC on delete (spec.coldStart.compileCache.retentionPolicy), on the real control plane:
 a kept cache is taken back by the next VLLMService of its name that asks for it (reuseRetained), seeded
-again for its new owner; a user's PVC of that name never is (tests/e2e/test_hostile_cache.py: one that does
-not ask)."""
+again for its new owner; a user's PVC of that name never is (tests/e2e/test_hostile_cache_claim.py: one
+that does not ask)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,17 @@ import json
 
 import pytest
 
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
-from tests.e2e.test_operator import apply, minimal, owned_by
+from tests.e2e.helpers import (
+    apply,
+    condition,
+    delete_and_wait_for_garbage_collection,
+    get_json,
+    owned_by,
+    seed_jobs,
+    vllm_service,
+    wait_for,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,32 +33,6 @@ def reusing(manifest: dict) -> dict:
     return manifest
 
 
-def seed_jobs(kubectl, namespace: str, name: str) -> list[str]:
-    jobs = get_json(kubectl, "-n", namespace, "jobs", "-l", f"app.kubernetes.io/instance={name}") or {}
-    return [
-        j["metadata"]["name"] for j in jobs.get("items", []) if not j["metadata"].get("deletionTimestamp")
-    ]
-
-
-def delete_and_wait_for_garbage_collection(kubectl, namespace: str, name: str) -> None:
-    kubectl("-n", namespace, "delete", "vsvc", name)
-    wait_for(
-        lambda: (
-            not kubectl(
-                "-n",
-                namespace,
-                "get",
-                "deployment,job",
-                "-l",
-                f"app.kubernetes.io/instance={name}",
-                "-o",
-                "name",
-            ).stdout.strip()
-        ),
-        what="deployment and seed job garbage-collected",
-    )
-
-
 def annotation_is(kubectl, namespace: str, claim: str, key: str):
     def recorded():
         pvc = get_json(kubectl, "-n", namespace, "pvc", claim) or {}
@@ -59,7 +42,7 @@ def annotation_is(kubectl, namespace: str, claim: str, key: str):
 
 
 def test_a_kept_cache_is_taken_back_on_request_and_reseeded_for_its_new_owner(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("keep"))
+    apply(kubectl, namespace, vllm_service("keep"))
     first = wait_ready(kubectl, namespace, "keep")
     key = first["status"]["cache"]["key"]
     claim = annotation_is(kubectl, namespace, "keep-cache", key)
@@ -72,7 +55,7 @@ def test_a_kept_cache_is_taken_back_on_request_and_reseeded_for_its_new_owner(na
 
     # Same spec, same key, asking for the kept claim: the claim is taken back, and seeded again for its new
     # owner (what the previous one's pods wrote is not this one's to trust).
-    apply(kubectl, namespace, reusing(minimal("keep")))
+    apply(kubectl, namespace, reusing(vllm_service("keep")))
     again = wait_ready(kubectl, namespace, "keep")
     assert again["metadata"]["uid"] != first["metadata"]["uid"]
     assert condition(again, "CacheSeeded")["status"] == "True"
@@ -84,7 +67,7 @@ def test_a_kept_cache_is_taken_back_on_request_and_reseeded_for_its_new_owner(na
 
     # Another key (a compile-relevant change): the kept volume is taken back and seeded again.
     delete_and_wait_for_garbage_collection(kubectl, namespace, "keep")
-    apply(kubectl, namespace, reusing(minimal("keep", maxModelLen=2048)))
+    apply(kubectl, namespace, reusing(vllm_service("keep", maxModelLen=2048)))
     rekeyed = wait_ready(kubectl, namespace, "keep")
     new_key = rekeyed["status"]["cache"]["key"]
     assert new_key != key
@@ -98,11 +81,11 @@ def test_a_kept_cache_is_taken_back_on_request_and_reseeded_for_its_new_owner(na
 
 def test_an_edited_service_keeps_its_retained_claim(namespace, kubectl, operator):
     """Retained for this very VLLMService (its uid): an edit to another key reseeds the same claim."""
-    apply(kubectl, namespace, minimal("edited"))
+    apply(kubectl, namespace, vllm_service("edited"))
     first = wait_ready(kubectl, namespace, "edited")
     claim = annotation_is(kubectl, namespace, "edited-cache", first["status"]["cache"]["key"])
     assert claim["metadata"]["annotations"][OWNER] == first["metadata"]["uid"]
-    apply(kubectl, namespace, minimal("edited", maxModelLen=2048))
+    apply(kubectl, namespace, vllm_service("edited", maxModelLen=2048))
     wait_for(
         lambda: (
             (get_json(kubectl, "-n", namespace, "vllmservice", "edited") or {})
@@ -131,7 +114,7 @@ def test_a_claim_not_kept_for_this_name_is_still_refused(annotation, namespace, 
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     kubectl("apply", "-f", "-", input=json.dumps(claim))
-    apply(kubectl, namespace, minimal("taken"))
+    apply(kubectl, namespace, vllm_service("taken"))
 
     def conflict():
         svc = get_json(kubectl, "-n", namespace, "vllmservice", "taken")
@@ -146,7 +129,7 @@ def test_a_claim_not_kept_for_this_name_is_still_refused(annotation, namespace, 
 
 
 def test_delete_policy_hands_the_claim_to_garbage_collection(namespace, kubectl, operator):
-    manifest = minimal("drop")
+    manifest = vllm_service("drop")
     manifest["spec"]["coldStart"] = {"compileCache": {"retentionPolicy": "Delete"}}
     apply(kubectl, namespace, manifest)
     svc = wait_ready(kubectl, namespace, "drop")

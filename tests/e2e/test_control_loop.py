@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
-from tests.e2e.test_operator import apply, minimal
+from tests.e2e.helpers import apply, condition, get_json, vllm_service, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +42,7 @@ def settled(kubectl, namespace: str, name: str) -> dict:
 
 
 def test_a_resync_of_an_unchanged_service_writes_nothing(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("quiet"))
+    apply(kubectl, namespace, vllm_service("quiet"))
     before = settled(kubectl, namespace, "quiet")
     svc_before = get_json(kubectl, "-n", namespace, "vllmservice", "quiet")
     time.sleep(3 * DRIFT_SECONDS)  # three drift resyncs
@@ -53,7 +52,7 @@ def test_a_resync_of_an_unchanged_service_writes_nothing(namespace, kubectl, ope
 
 
 def test_fields_set_by_hand_on_the_pod_template_are_removed(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("handset"))
+    apply(kubectl, namespace, vllm_service("handset"))
     settled(kubectl, namespace, "handset")
     kubectl("-n", namespace, "create", "serviceaccount", "powerful")
     patch = {"spec": {"template": {"spec": {"hostNetwork": True, "serviceAccountName": "powerful"}}}}
@@ -83,7 +82,7 @@ def wait_conflict_over_claim(kubectl, namespace: str, name: str) -> dict:
 
 def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace, kubectl, operator):
     # What stoker would write, copied by a tenant onto a claim of their own before the service exists.
-    svc = minimal("planted")
+    svc = vllm_service("planted")
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -113,7 +112,7 @@ def test_a_planted_cache_claim_with_stokers_annotations_is_a_conflict(namespace,
 def test_a_claim_with_a_forged_owner_reference_is_a_conflict(namespace, kubectl, operator):
     # A tenant who may create claims writes the service's owner reference on one while the service has no
     # cache claim, then the cache is turned on: the reference is not stoker's signature.
-    svc = minimal("forged")
+    svc = vllm_service("forged")
     svc["spec"]["coldStart"] = {"compileCache": {"enabled": False}, "seed": {"enabled": False}}
     apply(kubectl, namespace, svc)
     live = wait_ready(kubectl, namespace, "forged")
@@ -144,7 +143,7 @@ def test_a_claim_with_a_forged_owner_reference_is_a_conflict(namespace, kubectl,
 
 
 def test_a_cache_claim_recreated_under_a_running_service_is_seeded_again(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("regrow"))
+    apply(kubectl, namespace, vllm_service("regrow"))
     first = wait_ready(kubectl, namespace, "regrow")
     key = first["status"]["cache"]["key"]
     wait_for(
@@ -184,7 +183,7 @@ def test_a_cache_claim_recreated_under_a_running_service_is_seeded_again(namespa
 
 
 def test_a_reseed_keeps_the_old_replicas_available(namespace, kubectl, operator):
-    manifest = minimal("steady")
+    manifest = vllm_service("steady")
     apply(kubectl, namespace, manifest)
     settled(kubectl, namespace, "steady")
     # A compile-relevant edit: a new key, a new seed; the old replicas keep serving meanwhile.

@@ -17,37 +17,9 @@ import pytest
 
 from stoker.controller.diagnose import UNSCHEDULABLE_GRACE_SECONDS
 from stoker.inpod.seed import MODEL_PATH_MISSING_LINE
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import apply, condition, qwen, wait_condition
 
 pytestmark = pytest.mark.e2e
-
-
-def service(name: str, seed: bool, **runtime: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-            "runtime": {"replicas": 1, **runtime},
-            "coldStart": {"seed": {"enabled": seed}},
-        },
-    }
-
-
-def apply(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
-
-
-def wait_condition(
-    kubectl: Any, namespace: str, name: str, kind: str, status: str, reason: str, timeout: float = 60
-) -> dict[str, Any]:
-    def found() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
-        held = condition(svc, kind)
-        return svc if (held.get("status"), held.get("reason")) == (status, reason) else None
-
-    return wait_for(found, timeout, what=f"{namespace}/{name} {kind}={status} reason {reason}")
 
 
 UNSCHEDULABLE = {
@@ -62,10 +34,11 @@ def test_a_pod_the_scheduler_cannot_place_stops_progress_with_the_schedulers_mes
     case, namespace, kubectl, operator
 ):
     seed, runtime, said = UNSCHEDULABLE[case]
-    apply(kubectl, namespace, service("unplaced", seed, **runtime))
-    svc = wait_condition(kubectl, namespace, "unplaced", "Progressing", "False", "Unschedulable")
+    apply(kubectl, namespace, qwen("unplaced", seed, **runtime))
+    # The scheduler's message may first name a claim not yet bound; the condition follows its later one.
+    svc = wait_condition(kubectl, namespace, "unplaced", "Progressing", "False", "Unschedulable", says=said)
     message = condition(svc, "Progressing")["message"]
-    assert message.startswith(f"Pod {namespace}/unplaced-") and said in message, message
+    assert message.startswith(f"Pod {namespace}/unplaced-"), message
     assert condition(svc, "Available")["status"] == "False"
     assert svc["status"]["ready"] == "0/1"
 
@@ -91,13 +64,13 @@ def tainted_node(kubectl: Any) -> Any:
 
 
 def test_a_taint_the_pods_do_not_tolerate_is_named(namespace, kubectl, operator, tainted_node):
-    apply(kubectl, namespace, service("tainted", False, nodeSelector={"pool": tainted_node}))
+    apply(kubectl, namespace, qwen("tainted", False, nodeSelector={"pool": tainted_node}))
     svc = wait_condition(kubectl, namespace, "tainted", "Progressing", "False", "Unschedulable")
     assert "untolerated taint" in condition(svc, "Progressing")["message"]
 
 
 def test_an_unschedulable_pod_degrades_after_the_documented_grace(namespace, kubectl, operator):
-    apply(kubectl, namespace, service("waits", False, nodeSelector={"pool": "none-such"}))
+    apply(kubectl, namespace, qwen("waits", False, nodeSelector={"pool": "none-such"}))
     svc = wait_condition(kubectl, namespace, "waits", "Progressing", "False", "Unschedulable")
     assert condition(svc, "Degraded")["status"] == "False"  # a cluster autoscaler may add the node
     began = time.monotonic()
@@ -109,7 +82,7 @@ def test_an_unschedulable_pod_degrades_after_the_documented_grace(namespace, kub
 
 
 def test_a_missing_model_claim_is_named_while_the_seed_waits(namespace, kubectl, operator):
-    manifest = service("noclaim", True)
+    manifest = qwen("noclaim", True)
     manifest["spec"]["model"]["source"] = {"pvc": {"claimName": "models", "path": "/llama"}}
     apply(kubectl, namespace, manifest)
     svc = wait_condition(kubectl, namespace, "noclaim", "Progressing", "False", "Unschedulable")
@@ -124,7 +97,7 @@ def failing_seed(name: str, **failure: str) -> dict[str, Any]:
     env += [
         {"name": f"KWOK_SIMULATE_FAILURE_{key.upper()}", "value": value} for key, value in failure.items()
     ]
-    return service(name, True, env=env)
+    return qwen(name, True, env=env)
 
 
 def test_a_failed_seed_says_why_with_the_last_lines_of_its_log(namespace, kubectl, operator):

@@ -18,12 +18,11 @@ import yaml
 
 from tests.conftest import Helm, Operator
 from tests.e2e.fleet import Fleet, settled, standby_service
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import CHART, apply, condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "stoker"
 EXAMPLE = REPO / "examples" / "minimal.yaml"
 ARTIFACTS = REPO / ".artifacts" / "e2e"
 RELEASE = "stoker"
@@ -398,7 +397,7 @@ def test_install_run_with_the_chart_identity_upgrade_uninstall(
         svc = wait_ready(kubectl, namespace, example_name())
         assert svc["status"]["observedGeneration"] == svc["metadata"]["generation"]
         # Standby replicas with the chart's rights: the control Secret written, pods relabelled and slept.
-        kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(standby_service("warm", 1)))
+        apply(kubectl, namespace, standby_service("warm", 1))
         with Fleet(kubectl, namespace, "warm") as fleet:
             wait_for(lambda: settled(fleet, active=1, standby=1), what="1 active and 1 asleep standby")
         metrics, log = chart_operator.metrics(), chart_operator.log()

@@ -14,24 +14,25 @@ from typing import Any
 import pytest
 
 from tests.conftest import Helm
-from tests.e2e.helpers import wait_for
-from tests.e2e.test_admission import (
+from tests.e2e.admission import (
     EDITOR,
-    HOST_PATH,
     TENANT,
     apply_as,
+    apply_chart,
     bind,
-    chart_objects,
     dry_run,
     manifest,
     may,
+    policy_alone,
     policy_refuses,
-    probe_namespace,  # noqa: F401 (a fixture)
+    probe_namespace,
     refusal,
-    tenant_namespace,  # noqa: F401 (a fixture)
+    tenant_namespace,
 )
+from tests.e2e.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
+__all__ = ["probe_namespace", "tenant_namespace"]  # the fixtures, used by name
 
 HOSTNAME = "kubernetes.io/hostname"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -143,24 +144,15 @@ ALLOWANCES = (
 )
 
 
-def install(kubectl, helm: Helm, *values: str) -> None:
-    kubectl("apply", "-f", "-", input=chart_objects(helm, *values))
-
-
 @pytest.fixture(scope="module")
-def policy(kubectl, helm: Helm, crd: None, probe_namespace: str) -> Iterator[None]:  # noqa: F811
+def policy(kubectl, helm: Helm, crd: None, probe_namespace: str) -> Iterator[None]:
     """The chart's policy with its default values, alone in force."""
-    kubectl("delete", "validatingadmissionpolicybindings", "-l", "app.kubernetes.io/part-of=stoker")
-    install(kubectl, helm)
-    wait_for(
-        lambda: policy_refuses(kubectl, probe_namespace, HOST_PATH), timeout=60, what="the policy in force"
-    )
-    yield
-    kubectl("delete", "-f", "-", "--wait=false", input=chart_objects(helm), check=False)
+    with policy_alone(kubectl, helm, probe_namespace):
+        yield
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_refused_with_the_field_named(case, kubectl, policy: None, tenant_namespace: str) -> None:  # noqa: F811
+def test_refused_with_the_field_named(case, kubectl, policy: None, tenant_namespace: str) -> None:
     spec, field, what = case
     assert not may(kubectl, tenant_namespace, TENANT, "create", "pods")
     message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(spec)))
@@ -170,7 +162,7 @@ def test_refused_with_the_field_named(case, kubectl, policy: None, tenant_namesp
 def test_the_defaults_allow_gpu_nodes_and_small_claims_of_the_default_class(
     kubectl,
     policy: None,
-    tenant_namespace: str,  # noqa: F811
+    tenant_namespace: str,
 ) -> None:
     spec = {
         "runtime": {
@@ -188,10 +180,10 @@ def test_each_is_allowed_once_an_admin_lists_it(
     kubectl,
     helm: Helm,
     policy: None,
-    tenant_namespace: str,  # noqa: F811
+    tenant_namespace: str,
 ) -> None:
     try:
-        install(kubectl, helm, *ALLOWANCES)
+        apply_chart(kubectl, helm, *ALLOWANCES)
         first = next(iter(CASES.values()))[0]
         wait_for(
             lambda: not policy_refuses(kubectl, tenant_namespace, first), timeout=60, what="the allowances"
@@ -205,7 +197,7 @@ def test_each_is_allowed_once_an_admin_lists_it(
             f"{EPHEMERAL}.storageClassName:"
         )
     finally:
-        install(kubectl, helm)
+        apply_chart(kubectl, helm)
         wait_for(
             lambda: policy_refuses(kubectl, tenant_namespace, CASES["any-runtime-class"][0]),
             timeout=60,
@@ -216,7 +208,7 @@ def test_each_is_allowed_once_an_admin_lists_it(
 def test_a_user_who_may_create_pods_is_refused_none(
     kubectl,
     policy: None,
-    tenant_namespace: str,  # noqa: F811
+    tenant_namespace: str,
 ) -> None:
     deployer = "carol"
     kubectl(

@@ -20,29 +20,22 @@ import pytest
 from stoker.api import VLLMService
 from stoker.render import short_cache_key
 from tests.e2e.fleet import Fleet, standby_service
-from tests.e2e.helpers import apply_namespace_policy, condition, delete_policy, get_json, wait_for, wait_ready
+from tests.e2e.helpers import (
+    apply,
+    apply_namespace_policy,
+    condition,
+    delete_policy,
+    get_json,
+    qwen,
+    wait_condition,
+    wait_for,
+    wait_ready,
+)
 from tests.fakevllm import FakeEngine
 
 pytestmark = pytest.mark.e2e
 
 KWOK_WAITING = "KWOK_SIMULATE_WAITING"  # hack/kwok/stages.yaml: the pod's containers wait with this reason
-
-
-def service(name: str, *, seed: bool = False, **runtime: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-            "runtime": {"replicas": 1, **runtime},
-            "coldStart": {"seed": {"enabled": seed}},
-        },
-    }
-
-
-def apply(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> None:
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
 
 
 def create(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -56,12 +49,7 @@ def create(kubectl: Any, namespace: str, manifest: dict[str, Any]) -> dict[str, 
 def wait_degraded(
     kubectl: Any, namespace: str, name: str, reason: str, timeout: float = 90
 ) -> dict[str, Any]:
-    def degraded() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vllmservice", name)
-        found = condition(svc, "Degraded")
-        return svc if found.get("status") == "True" and found.get("reason") == reason else None
-
-    return wait_for(degraded, timeout, what=f"{namespace}/{name} Degraded reason {reason}")
+    return wait_condition(kubectl, namespace, name, "Degraded", "True", reason, timeout)
 
 
 def warnings(kubectl: Any, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
@@ -160,14 +148,14 @@ def with_standby(manifest: dict[str, Any]) -> dict[str, Any]:
 
 # case -> (the user's object for a VLLMService named n, the VLLMService)
 IN_THE_WAY = {
-    "cache-pvc": (lambda n, ns: user_pvc(f"{n}-cache"), lambda n: service(n)),
-    "model-pvc": (lambda n, ns: user_pvc(f"{n}-model"), lambda n: with_model_cache(service(n))),
-    "control-secret": (lambda n, ns: user_secret(f"{n}-control"), lambda n: with_standby(service(n))),
-    "nodeport-service": (lambda n, ns: user_service(n), lambda n: service(n)),
-    "deployment": (lambda n, ns: user_deployment(n), lambda n: service(n)),
+    "cache-pvc": (lambda n, ns: user_pvc(f"{n}-cache"), lambda n: qwen(n)),
+    "model-pvc": (lambda n, ns: user_pvc(f"{n}-model"), lambda n: with_model_cache(qwen(n))),
+    "control-secret": (lambda n, ns: user_secret(f"{n}-control"), lambda n: with_standby(qwen(n))),
+    "nodeport-service": (lambda n, ns: user_service(n), lambda n: qwen(n)),
+    "deployment": (lambda n, ns: user_deployment(n), lambda n: qwen(n)),
     "seed-job": (
-        lambda n, ns: user_job(seed_name(service(n, seed=True), ns)),
-        lambda n: service(n, seed=True),
+        lambda n, ns: user_job(seed_name(qwen(n, seed=True), ns)),
+        lambda n: qwen(n, seed=True),
     ),
 }
 
@@ -222,7 +210,7 @@ def test_an_object_owned_by_something_else_is_not_taken(namespace, kubectl, oper
         {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
     ]
     mine = create(kubectl, namespace, claim)
-    apply(kubectl, namespace, service("elsewhere"))
+    apply(kubectl, namespace, qwen("elsewhere"))
     wait_degraded(kubectl, namespace, "elsewhere", "ChildConflict")
     assert unchanged(kubectl, namespace, mine)
 
@@ -230,7 +218,7 @@ def test_an_object_owned_by_something_else_is_not_taken(namespace, kubectl, oper
 def test_a_child_of_another_vllmservice_is_not_taken(namespace, kubectl, operator):
     # The first object's PVC, moved under a second object of the same name: a different uid. (With
     # retentionPolicy Retain it would have no owner and be taken back: tests/e2e/test_cache_retention.py.)
-    twin = service("twin")
+    twin = qwen("twin")
     twin["spec"]["coldStart"]["compileCache"] = {"retentionPolicy": "Delete"}
     apply(kubectl, namespace, twin)
     first = wait_ready(kubectl, namespace, "twin")
@@ -257,7 +245,7 @@ def test_a_child_of_another_vllmservice_is_not_taken(namespace, kubectl, operato
 
 def test_the_vllmservice_converges_once_the_user_removes_the_object(namespace, kubectl, operator):
     create(kubectl, namespace, user_service("later"))
-    apply(kubectl, namespace, service("later"))
+    apply(kubectl, namespace, qwen("later"))
     wait_degraded(kubectl, namespace, "later", "ChildConflict")
     kubectl("-n", namespace, "delete", "service", "later")
     svc = wait_ready(kubectl, namespace, "later", timeout=60)  # within a drift interval
@@ -269,7 +257,7 @@ def test_the_vllmservice_converges_once_the_user_removes_the_object(namespace, k
 
 
 def test_a_missing_storage_class_is_named(namespace, kubectl, operator):
-    manifest = service("noclass")
+    manifest = qwen("noclass")
     manifest["spec"]["coldStart"]["compileCache"] = {"storageClassName": "does-not-exist"}
     apply(kubectl, namespace, manifest)
     svc = wait_degraded(kubectl, namespace, "noclass", "VolumeProvisioningFailed")
@@ -287,7 +275,7 @@ def test_a_gpu_quota_is_named(seed, namespace, kubectl, operator):
         "spec": {"hard": {"requests.nvidia.com/gpu": "0"}},
     }
     create(kubectl, namespace, quota)
-    apply(kubectl, namespace, service("quota", seed=seed))
+    apply(kubectl, namespace, qwen("quota", seed=seed))
     svc = wait_degraded(kubectl, namespace, "quota", "PodCreationFailed")
     message = condition(svc, "Degraded")["message"]
     owner = f"Job {namespace}/quota-seed-" if seed else f"Deployment {namespace}/quota"
@@ -303,14 +291,14 @@ def test_a_limit_range_is_named(namespace, kubectl, operator):
         "spec": {"limits": [{"type": "Container", "max": {"memory": "1Gi"}}]},
     }
     create(kubectl, namespace, limits)
-    apply(kubectl, namespace, service("limited", resources={"memory": "4Gi"}))
+    apply(kubectl, namespace, qwen("limited", resources={"memory": "4Gi"}))
     svc = wait_degraded(kubectl, namespace, "limited", "PodCreationFailed")
     assert "maximum memory usage per Container is 1Gi" in condition(svc, "Degraded")["message"]
 
 
 def test_a_restricted_namespace_either_admits_the_pods_or_is_named(namespace, kubectl, operator):
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    apply(kubectl, namespace, service("restricted", seed=True))
+    apply(kubectl, namespace, qwen("restricted", seed=True))
 
     def outcome() -> dict[str, Any] | None:
         svc = get_json(kubectl, "-n", namespace, "vllmservice", "restricted")
@@ -340,7 +328,7 @@ def test_a_container_that_cannot_start_is_named(reason, namespace, kubectl, oper
     runtime = copy.deepcopy(WAITING[reason])
     # kwok runs no kubelet checks: the stage reports the reason a kubelet would for this spec.
     runtime["env"] = [*runtime.get("env", []), {"name": KWOK_WAITING, "value": reason}]
-    apply(kubectl, namespace, service("stuck", **runtime))
+    apply(kubectl, namespace, qwen("stuck", **runtime))
     svc = wait_degraded(kubectl, namespace, "stuck", reason)
     message = condition(svc, "Degraded")["message"]
     assert message.startswith(f"Pod {namespace}/stuck-") and "container vllm" in message
@@ -354,7 +342,7 @@ def test_a_container_that_cannot_start_is_named(reason, namespace, kubectl, oper
 
 def test_an_apply_the_api_server_refuses_is_reported_and_retried_with_backoff(namespace, kubectl, operator):
     bad = {"name": "POD_FIELD", "valueFrom": {"fieldRef": {"fieldPath": "spec.noSuchField"}}}
-    apply(kubectl, namespace, service("refused", env=[bad]))
+    apply(kubectl, namespace, qwen("refused", env=[bad]))
     svc = wait_degraded(kubectl, namespace, "refused", "ApplyFailed")
     message = condition(svc, "Degraded")["message"]
     assert f"Deployment {namespace}/refused" in message and "noSuchField" in message
@@ -364,7 +352,7 @@ def test_an_apply_the_api_server_refuses_is_reported_and_retried_with_backoff(na
     assert not any("Traceback" in line for line in operator.log().splitlines()[-200:])
     assert len(warnings(kubectl, namespace, "refused", "ApplyFailed")) == 1
     # Fixing the spec converges.
-    apply(kubectl, namespace, service("refused"))
+    apply(kubectl, namespace, qwen("refused"))
     wait_ready(kubectl, namespace, "refused", timeout=90)
 
 
@@ -394,7 +382,7 @@ def refuse_status_of_labelled_services(kubectl: Any, namespace: str) -> str:
 def test_a_status_the_api_server_refuses_is_a_condition_and_backs_off(namespace, kubectl, operator):
     policy = refuse_status_of_labelled_services(kubectl, namespace)
     try:
-        manifest = service("mute")
+        manifest = qwen("mute")
         manifest["metadata"]["labels"] = {"refuse-status": "yes"}
         time.sleep(3)  # the API server loads a new policy within a second or so
         apply(kubectl, namespace, manifest)
@@ -415,7 +403,7 @@ def test_a_status_the_api_server_refuses_is_a_condition_and_backs_off(namespace,
 
 
 def test_an_emoji_served_name_renders(namespace, kubectl, operator):
-    manifest = service("emoji")
+    manifest = qwen("emoji")
     manifest["spec"]["model"]["servedModelName"] = "llama-🦙-ünïcode"
     apply(kubectl, namespace, manifest)
     wait_ready(kubectl, namespace, "emoji")
@@ -436,7 +424,7 @@ def test_an_emoji_served_name_renders(namespace, kubectl, operator):
 def test_a_huge_valid_spec_converges_carries_no_operator_state_and_deletes(namespace, kubectl, operator):
     env = [{"name": f"HUGE_{i}", "value": "x" * 30000} for i in range(12)]  # beyond 256 KiB of annotations
     # create, not apply: kubectl's own last-applied annotation would not fit either.
-    kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(service("huge", env=env)))
+    kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(qwen("huge", env=env)))
     svc = wait_ready(kubectl, namespace, "huge")
     assert not svc["metadata"].get("finalizers")
     assert not any(key.startswith("stoker.dev/") for key in svc["metadata"].get("annotations") or {})
@@ -444,7 +432,7 @@ def test_a_huge_valid_spec_converges_carries_no_operator_state_and_deletes(names
 
 
 def test_deletion_completes_with_the_operator_stopped(namespace, kubectl, operator):
-    apply(kubectl, namespace, service("orphaned"))
+    apply(kubectl, namespace, qwen("orphaned"))
     wait_ready(kubectl, namespace, "orphaned")
     operator.stop()
     try:
@@ -459,7 +447,7 @@ def test_deletion_completes_with_the_operator_stopped(namespace, kubectl, operat
 
 
 def test_the_finalizer_and_annotations_of_an_earlier_version_are_removed(namespace, kubectl, operator):
-    manifest = service("legacy")
+    manifest = qwen("legacy")
     manifest["metadata"]["finalizers"] = ["stoker.dev/finalizer"]
     manifest["metadata"]["annotations"] = {"stoker.dev/last-handled-configuration": "{}", "keep": "me"}
     kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
@@ -489,7 +477,7 @@ def own_namespace(kubectl: Any) -> Iterator[str]:
 
 
 def test_a_namespace_deletion_completes(own_namespace, kubectl, operator):
-    apply(kubectl, own_namespace, service("doomed", seed=True))
+    apply(kubectl, own_namespace, qwen("doomed", seed=True))
     wait_ready(kubectl, own_namespace, "doomed")
     kubectl("delete", "namespace", own_namespace, "--timeout=90s", timeout=100)
     assert get_json(kubectl, "namespace", own_namespace) is None
@@ -499,7 +487,7 @@ def test_a_namespace_deletion_completes(own_namespace, kubectl, operator):
 
 
 def test_a_hand_added_sidecar_env_and_volume_are_removed(namespace, kubectl, operator):
-    apply(kubectl, namespace, service("drifty"))
+    apply(kubectl, namespace, qwen("drifty"))
     wait_ready(kubectl, namespace, "drifty")
     base = "/spec/template/spec"
     patch = [
@@ -528,7 +516,7 @@ def test_hand_edits_of_the_service_are_undone_within_a_drift_period(namespace, k
     """The Service is compared whole, like the pod template: a selector key added by hand (which would
     select no pod), stoker's port changed (it keeps the name `http` of the port stoker puts back), an added
     port and a changed session affinity are undone; its cluster IP, allocated by the API server, stays."""
-    apply(kubectl, namespace, service("edited"))
+    apply(kubectl, namespace, qwen("edited"))
     wait_ready(kubectl, namespace, "edited")
     before = get_json(kubectl, "-n", namespace, "service", "edited")
     patch = [
@@ -556,7 +544,7 @@ def test_hand_edits_of_the_service_are_undone_within_a_drift_period(namespace, k
 
 def test_hand_edits_of_the_deployment_spec_are_undone(namespace, kubectl, operator):
     """Not only the pod template: a paused rollout or a changed strategy is undone too."""
-    apply(kubectl, namespace, service("paused"))
+    apply(kubectl, namespace, qwen("paused"))
     wait_ready(kubectl, namespace, "paused")
     kubectl("-n", namespace, "rollout", "pause", "deployment/paused")
     kubectl("-n", namespace, "patch", "deployment", "paused", "--type=merge", "-p",
@@ -571,7 +559,7 @@ def test_hand_edits_of_the_deployment_spec_are_undone(namespace, kubectl, operat
 
 
 def test_a_hand_expanded_cache_volume_is_kept_and_not_degraded(namespace, kubectl, operator):
-    apply(kubectl, namespace, service("grown"))
+    apply(kubectl, namespace, qwen("grown"))
     wait_ready(kubectl, namespace, "grown")
     kubectl("-n", namespace, "patch", "pvc", "grown-cache", "--type=merge", "-p",
             '{"spec":{"resources":{"requests":{"storage":"64Gi"}}}}')  # fmt: skip

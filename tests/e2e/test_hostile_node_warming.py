@@ -6,35 +6,29 @@ OverBudget and loses its warmer, and every warmer's --budget-bytes is what it wa
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hack.kwoklogs import print_recording
 
-from tests.e2e.helpers import condition, get_json, wait_for
-from tests.e2e.test_node_warming import DATA, service, warm_node, warming_service
+from tests.e2e.helpers import (
+    DATA,
+    apply,
+    condition,
+    get_json,
+    get_service,
+    other_namespace,
+    wait_for,
+    warm_node,
+    warming_service,
+)
 
 pytestmark = pytest.mark.e2e
 
 GIB = 1 << 30
 HONEST_CHECKPOINT = 16060522496  # what the recorded seed log's facts line says
-__all__ = ["warm_node"]  # the fixture, used by name
-
-
-@pytest.fixture
-def other_namespace(kubectl: Any) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kubectl("create", "namespace", name)
-    wait_for(
-        lambda: kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
-        what="the default service account",
-    )
-    yield name
-    kubectl("delete", "namespace", name, "--wait=false", check=False)
+__all__ = ["other_namespace", "warm_node"]  # the fixtures, used by name
 
 
 def seed_prints(kubectl: Any, namespace: str, name: str, checkpoint: int, workdir: Path) -> None:
@@ -49,7 +43,7 @@ def seed_prints(kubectl: Any, namespace: str, name: str, checkpoint: int, workdi
 
 
 def reason(kubectl: Any, namespace: str, name: str) -> str:
-    return str(condition(service(kubectl, namespace, name), "NodeWarming").get("reason"))
+    return str(condition(get_service(kubectl, namespace, name), "NodeWarming").get("reason"))
 
 
 def test_forged_facts_do_not_keep_another_tenant_cold(
@@ -62,13 +56,13 @@ def test_forged_facts_do_not_keep_another_tenant_cold(
 ) -> None:
     mallory, alice = namespace, other_namespace
     for name, checkpoint in (("small", 1), ("big", 28 * GIB - 1)):
-        kubectl("-n", mallory, "apply", "-f", "-", input=json.dumps(warming_service(name, warm_node)))
+        apply(kubectl, mallory, warming_service(name, warm_node))
         seed_prints(kubectl, mallory, name, checkpoint, tmp_path)
     # Alone, the forger's namespace may borrow the whole budget.
     for name in ("small", "big"):
         wait_for(lambda n=name: reason(kubectl, mallory, n) in ("Warming", "Warm"), what=f"{name} admitted")
 
-    kubectl("-n", alice, "apply", "-f", "-", input=json.dumps(warming_service("llama", warm_node)))
+    apply(kubectl, alice, warming_service("llama", warm_node))
     seed_prints(kubectl, alice, "llama", HONEST_CHECKPOINT, tmp_path)
     wait_for(
         lambda: reason(kubectl, alice, "llama") in ("Warming", "Warm"), what="the honest service admitted"
@@ -79,12 +73,12 @@ def test_forged_facts_do_not_keep_another_tenant_cold(
         what="the forged service's warmer deleted",
     )
     assert reason(kubectl, mallory, "small") in ("Warming", "Warm")
-    message = condition(service(kubectl, mallory, "big"), "NodeWarming")["message"]
+    message = condition(get_service(kubectl, mallory, "big"), "NodeWarming")["message"]
     assert alice not in message  # another namespace's services are counted, never named
 
     # Each warmer holds what it was admitted for, not the whole budget.
     for ns, name in ((alice, "llama"), (mallory, "small")):
-        wanted = service(kubectl, ns, name)["status"]["nodeWarming"]["wantedBytes"]
+        wanted = get_service(kubectl, ns, name)["status"]["nodeWarming"]["wantedBytes"]
         daemonset = wait_for(
             lambda ns=ns, name=name: get_json(kubectl, "-n", ns, "daemonset", f"{name}-node-warmer")
         )

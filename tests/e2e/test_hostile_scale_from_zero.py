@@ -13,8 +13,6 @@ import resource
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,10 @@ from kubernetes import client, config
 from stoker.controller.kube import Kube
 from stoker.controller.scalefromzero import PICKER_FIELD, ScaleFromZero
 from tests.conftest import REPO, Cluster, Kubectl
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import condition, get_json, other_namespace, wait_for
 
 pytestmark = pytest.mark.e2e
+__all__ = ["other_namespace"]  # the fixture, used by name
 
 METRICS_PORT = 9090
 HOSTILE = {f"h{i}": mode for i, mode in enumerate(["trickle"] * 3 + ["hang"] * 3 + ["flood"] * 3 + ["large"])}
@@ -100,19 +99,6 @@ def ready_in_slices(kubectl: Kubectl, namespace: str, service: str, ip: str) -> 
 
 
 @pytest.fixture
-def hostile_namespace(kubectl: Kubectl) -> Iterator[str]:
-    name = f"t-hostile-{uuid.uuid4().hex[:6]}"
-    kubectl("create", "namespace", name)
-    wait_for(
-        lambda: kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
-        timeout=30,
-        what="the default ServiceAccount",
-    )
-    yield name
-    kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-@pytest.fixture
 def api(cluster: Cluster) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(config.new_client_from_config(config_file=cluster.env["KUBECONFIG"]))
 
@@ -131,12 +117,12 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
     cluster: Cluster,
     kubectl: Kubectl,
     namespace: str,
-    hostile_namespace: str,
+    other_namespace: str,
     operator: Any,
     api: client.CustomObjectsApi,
     tmp_path: Path,
 ) -> None:
-    victim_ns, hostile_ns = namespace, hostile_namespace
+    victim_ns, hostile_ns = namespace, other_namespace
     apply(
         kubectl,
         [o for name in HOSTILE for o in picker_objects(hostile_ns, f"epp-{name}")]

@@ -11,7 +11,6 @@ venv fails the test instead of skipping it.
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -22,8 +21,7 @@ from bench.conformance.versions import default_version
 from hack.kwoklogs import print_recording, serve_log, started_at
 
 from stoker.phases import KUBERNETES_PHASES, parse_log
-from tests.e2e.helpers import get_json, wait_for
-from tests.e2e.test_startup import FIXTURES
+from tests.e2e.helpers import RECORDED, apply, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +39,10 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
         "metadata": {"name": "live"},
         "spec": {"model": {"name": "stoker-test/tiny-llama", "servedModelName": SERVED_NAME}},
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     instance = "app.kubernetes.io/instance=live"
     print_recording(
-        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
+        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", RECORDED / "seed.log", tmp_path
     )
 
     def started_server_pod():
@@ -56,23 +54,30 @@ def test_live_vllm_process_is_the_serving_pods_log_source(
 
     pod = wait_for(started_server_pod, timeout=180, what="a started serving pod")
     container = pod["spec"]["containers"][0]
-
-    model_dir = tmp_path / "model"
-    subprocess.run([str(engine_venv / "bin" / "python"), tiny_model.__file__, model_dir], check=True)
-    dirs = {name: tmp_path / name for name in ("cache", "hf-home", "home")}
-    for directory in dirs.values():
-        directory.mkdir()
-    run = LocalRun(engine_venv, model_dir, dirs["cache"], dirs["hf-home"], dirs["home"], free_port())
-    engine = RecordedProcess(
-        local_argv(container_argv(container), run), local_env(container, run), tmp_path / "serve.log"
-    )
+    # kwok has no log for the pod until the engine below has run and the test serves its recording, and the
+    # operator stops asking for an unreadable log after about 3 minutes (LOG_READ_ATTEMPTS), less than a CPU
+    # start takes on a busy machine. A kubelet serves a log from the container's start; here the operator
+    # waits, and starts again once the log is there.
+    operator.stop()
     try:
-        assert wait_healthy(engine, run.port, START_TIMEOUT_SECONDS), engine.log_path.read_text()[-4000:]
-        assert complete(run.port, SERVED_NAME)
+        model_dir = tmp_path / "model"
+        subprocess.run([str(engine_venv / "bin" / "python"), tiny_model.__file__, model_dir], check=True)
+        dirs = {name: tmp_path / name for name in ("cache", "hf-home", "home")}
+        for directory in dirs.values():
+            directory.mkdir()
+        run = LocalRun(engine_venv, model_dir, dirs["cache"], dirs["hf-home"], dirs["home"], free_port())
+        engine = RecordedProcess(
+            local_argv(container_argv(container), run), local_env(container, run), tmp_path / "serve.log"
+        )
+        try:
+            assert wait_healthy(engine, run.port, START_TIMEOUT_SECONDS), engine.log_path.read_text()[-4000:]
+            assert complete(run.port, SERVED_NAME)
+        finally:
+            engine.stop()
+        recording = engine.log_path.read_text(encoding="utf-8")
+        serve_log(kubectl, namespace, pod["metadata"]["name"], engine.log_path, started_at(pod), tmp_path)
     finally:
-        engine.stop()
-    recording = engine.log_path.read_text(encoding="utf-8")
-    serve_log(kubectl, namespace, pod["metadata"]["name"], engine.log_path, started_at(pod), tmp_path)
+        operator.start()
 
     def recorded():
         status = (get_json(kubectl, "-n", namespace, "vllmservice", "live") or {}).get("status") or {}

@@ -6,7 +6,6 @@ the first left of the per-node budget is skipped with OverBudget and gets no Dae
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,38 +14,23 @@ from hack.kwoklogs import print_recording
 
 from stoker.api.owned import CACHE_VOLUME, MODEL_CACHE_VOLUME
 from stoker.render import COMPONENT_NODE_WARMER, NODE_WARMER_PORT
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import (
+    DATA,
+    WARM_NODE,
+    apply,
+    condition,
+    get_json,
+    get_service,
+    wait_for,
+    warm_node,
+    warming_service,
+)
 
 pytestmark = pytest.mark.e2e
 
-DATA = Path(__file__).resolve().parent / "data"
-NODE = "kwok-gpu-0"  # hack/cluster's first fake GPU node
-LABEL = "stoker.dev/e2e-node-warming"
 GIB = 1 << 30
 BUDGET = 32 * GIB  # the operator's default STOKER_NODE_WARMING_BUDGET_GIB
-
-
-@pytest.fixture
-def warm_node(namespace: str, kubectl: Any) -> Iterator[dict[str, str]]:
-    """One fake node labelled for this test only: the services' nodeSelector picks it alone."""
-    kubectl("label", "node", NODE, f"{LABEL}={namespace}", "--overwrite")
-    yield {LABEL: namespace}
-    kubectl("label", "node", NODE, f"{LABEL}-", check=False)
-
-
-def warming_service(name: str, node_selector: dict[str, str]) -> dict[str, Any]:
-    """Llama-3.1-8B from a model-cache volume (weights that are files), vLLM 0.22.1 as the recorded seed
-    log, no serving replicas: warming concerns the nodes, not the replicas."""
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "runtime": {"engineVersion": "0.22.1", "replicas": 0, "nodeSelector": node_selector},
-            "coldStart": {"modelCache": {"enabled": True}, "nodeWarming": {"enabled": True}},
-        },
-    }
+__all__ = ["warm_node"]  # the fixture, used by name
 
 
 def seed_reports_facts(kubectl: Any, namespace: str, name: str, workdir: Path) -> None:
@@ -55,18 +39,15 @@ def seed_reports_facts(kubectl: Any, namespace: str, name: str, workdir: Path) -
     print_recording(kubectl, namespace, selector, DATA / "seed-with-facts.log", workdir)
 
 
-def service(kubectl: Any, namespace: str, name: str) -> dict[str, Any]:
-    return get_json(kubectl, "-n", namespace, "vllmservice", name) or {}
-
-
 def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     namespace: str, kubectl: Any, operator: Any, warm_node: dict[str, str], tmp_path: Path
 ) -> None:
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(warming_service("first", warm_node)))
+    apply(kubectl, namespace, warming_service("first", warm_node))
     # Before the seed has reported the checkpoint's size there is nothing to size a warmer by.
     waiting = wait_for(
         lambda: (
-            condition(service(kubectl, namespace, "first"), "NodeWarming").get("reason") == "WaitingForSeed"
+            condition(get_service(kubectl, namespace, "first"), "NodeWarming").get("reason")
+            == "WaitingForSeed"
         ),
         what="NodeWarming=False/WaitingForSeed",
     )
@@ -96,7 +77,7 @@ def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     assert pod["automountServiceAccountToken"] is False
 
     def warm() -> dict[str, Any] | None:
-        obj = service(kubectl, namespace, "first")
+        obj = get_service(kubectl, namespace, "first")
         return obj if condition(obj, "NodeWarming").get("status") == "True" else None
 
     first = wait_for(warm, what="NodeWarming=True on the fake node")
@@ -106,17 +87,17 @@ def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     assert status["wantedBytes"] > checkpoint  # the import pages too
     assert status["budgetBytes"] == BUDGET
     assert status["desiredNodes"] == status["warmNodes"] == 1
-    assert status["nodes"] == [{"node": NODE, "warm": True}]
+    assert status["nodes"] == [{"node": WARM_NODE, "warm": True}]
     metrics = operator.metrics()
     assert f'stoker_node_warming_nodes{{namespace="{namespace}",service="first",state="warm"}} 1.0' in metrics
     assert f'stoker_node_warming_wanted_bytes{{namespace="{namespace}",service="first"}}' in metrics
 
     # A second service of the same model: two checkpoints and their import pages exceed 32 GiB per node.
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(warming_service("second", warm_node)))
+    apply(kubectl, namespace, warming_service("second", warm_node))
     seed_reports_facts(kubectl, namespace, "second", tmp_path)
 
     def over_budget() -> dict[str, Any] | None:
-        found = condition(service(kubectl, namespace, "second"), "NodeWarming")
+        found = condition(get_service(kubectl, namespace, "second"), "NodeWarming")
         return found if found.get("reason") == "OverBudget" else None
 
     skipped = wait_for(over_budget, what="NodeWarming=False/OverBudget")
@@ -124,7 +105,7 @@ def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     assert f"{namespace}/first" in skipped["message"] and "32.0 GiB" in skipped["message"]
     assert get_json(kubectl, "-n", namespace, "daemonset", "second-node-warmer") is None
     # The first keeps its warm node.
-    assert condition(service(kubectl, namespace, "first"), "NodeWarming")["status"] == "True"
+    assert condition(get_service(kubectl, namespace, "first"), "NodeWarming")["status"] == "True"
 
     # Turning warming off deletes the warmer and the status.
     kubectl(
@@ -138,10 +119,10 @@ def test_a_warming_service_gets_warm_nodes_and_one_over_budget_is_skipped(
     # The budget it held goes to the second service.
     wait_for(
         lambda: (
-            condition(service(kubectl, namespace, "second"), "NodeWarming").get("reason")
+            condition(get_service(kubectl, namespace, "second"), "NodeWarming").get("reason")
             in ("Warming", "Warm")
         ),
         timeout=60,
         what="the second service admitted once the first stopped warming",
     )
-    assert "nodeWarming" not in service(kubectl, namespace, "first")["status"]
+    assert "nodeWarming" not in get_service(kubectl, namespace, "first")["status"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import apply, condition, get_json, owned_by, vllm_service, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -20,25 +20,6 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 def service_manifests(path: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc and doc.get("kind") == "VLLMService"]
-
-
-def minimal(name: str, **runtime) -> dict:
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "runtime": {"replicas": 1, **runtime}},
-    }
-
-
-def apply(kubectl, namespace: str, manifest: dict | str) -> None:
-    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
-    kubectl("-n", namespace, "apply", "-f", "-", input=text)
-
-
-def owned_by(obj: dict, owner: dict) -> bool:
-    refs = obj["metadata"].get("ownerReferences") or []
-    return any(ref["uid"] == owner["metadata"]["uid"] and ref.get("controller") for ref in refs)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -74,7 +55,7 @@ def test_each_example_converges_with_owned_children(example, namespace, kubectl,
 
 
 def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("rekey"))
+    apply(kubectl, namespace, vllm_service("rekey"))
     first = wait_ready(kubectl, namespace, "rekey")["status"]["cache"]["key"]
 
     kubectl(
@@ -111,7 +92,7 @@ def test_a_compile_relevant_change_seeds_again_and_replicas_do_not(namespace, ku
 
 
 def test_hand_edits_and_deletions_are_undone(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("drift", replicas=2))
+    apply(kubectl, namespace, vllm_service("drift", replicas=2))
     wait_ready(kubectl, namespace, "drift")
     kubectl("-n", namespace, "scale", "deployment", "drift", "--replicas=5")
     kubectl("-n", namespace, "delete", "service", "drift")
@@ -129,7 +110,7 @@ def test_hand_edits_and_deletions_are_undone(namespace, kubectl, operator):
 
 
 def test_deleting_the_service_garbage_collects_its_children(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("gone"))
+    apply(kubectl, namespace, vllm_service("gone"))
     wait_ready(kubectl, namespace, "gone")
     kubectl("-n", namespace, "delete", "vsvc", "gone")
 
@@ -154,7 +135,7 @@ def test_deleting_the_service_garbage_collects_its_children(namespace, kubectl, 
 def test_an_operator_killed_mid_reconcile_converges_without_duplicates(namespace, kubectl, operator):
     names = [f"crash-{i}" for i in range(5)]
     for name in names:
-        apply(kubectl, namespace, minimal(name))
+        apply(kubectl, namespace, vllm_service(name))
     time.sleep(0.5)
     operator.kill()
     operator.start()
@@ -182,7 +163,7 @@ def test_a_spec_only_the_operator_rejects_is_reported_and_nothing_crashes(namesp
     schema["properties"]["spec"] = _without_rules(schema["properties"]["spec"])
     kubectl("replace", "-f", "-", input=json.dumps(crd))
     try:
-        bad = minimal("bad", gpus=2, tensorParallelSize=3)
+        bad = vllm_service("bad", gpus=2, tensorParallelSize=3)
         wait_for(lambda: kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(bad), check=False)
                  .returncode == 0, timeout=30, what="the loosened CRD accepts the object")  # fmt: skip
     finally:
@@ -199,7 +180,7 @@ def test_a_spec_only_the_operator_rejects_is_reported_and_nothing_crashes(namesp
     assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events["items"])
     assert get_json(kubectl, "-n", namespace, "deployment", "bad") is None  # nothing was rendered
     # The operator lives on and serves others.
-    apply(kubectl, namespace, minimal("good"))
+    apply(kubectl, namespace, vllm_service("good"))
     wait_ready(kubectl, namespace, "good")
     assert operator.process.poll() is None
 
@@ -209,7 +190,7 @@ def test_a_flag_the_engine_version_lacks_is_refused_before_any_pod(namespace, ku
     apply(
         kubectl,
         namespace,
-        minimal("noflag", engineVersion="0.26.0", extraArgs=["--seed", "1", "--max-batch-size", "8"]),
+        vllm_service("noflag", engineVersion="0.26.0", extraArgs=["--seed", "1", "--max-batch-size", "8"]),
     )
 
     def refused():
@@ -226,13 +207,15 @@ def test_a_flag_the_engine_version_lacks_is_refused_before_any_pod(namespace, ku
         found = get_json(kubectl, "-n", namespace, kind, "-l", "app.kubernetes.io/instance=noflag")["items"]
         assert found == [], kind
     # Fixed, the same object goes on.
-    apply(kubectl, namespace, minimal("noflag", engineVersion="0.26.0", extraArgs=["--max-num-seqs", "8"]))
+    apply(
+        kubectl, namespace, vllm_service("noflag", engineVersion="0.26.0", extraArgs=["--max-num-seqs", "8"])
+    )
     wait_ready(kubectl, namespace, "noflag")
 
 
 def test_a_failed_seed_does_not_block_serving(namespace, kubectl, operator):
     # kwok fails a Job's pod whose container asks for it (hack/kwok/stages.yaml); serving pods run normally.
-    manifest = minimal("coldfail")
+    manifest = vllm_service("coldfail")
     manifest["spec"]["runtime"]["env"] = [{"name": "KWOK_SIMULATE_FAILURE", "value": "true"}]
     apply(kubectl, namespace, manifest)
     svc = wait_ready(kubectl, namespace, "coldfail")  # replicas rolled out cold

@@ -25,15 +25,20 @@ from stoker.predict.predictor import predict
 from stoker.predict.service import service_settings
 from stoker.predict.shipped import shipped_coefficients
 from stoker.render import MODEL_FACTS_ANNOTATION
-from tests.e2e.helpers import get_json, wait_for
+from tests.e2e.helpers import (
+    CONFIGMAP,
+    CONFIGMAP_NAMESPACE,
+    DATA,
+    RECORDED,
+    apply,
+    fleet,
+    get_json,
+    llama,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
-DATA = Path(__file__).resolve().parent / "data"
-RECORDED = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
-# The operator's defaults outside the chart (tests/conftest.py runs `stoker run` without them set).
-CONFIGMAP = ("configmap", "stoker-startup-coefficients")
-CONFIGMAP_NAMESPACE = "default"
 HARDWARE = HardwareClass(gpu_product="NVIDIA-H100-80GB-HBM3", gpu_count=1, engine_version="0.22")
 WEIGHTS_LOADED = "Model loading took"
 
@@ -52,25 +57,6 @@ def stretched(recording: Path, from_marker: str, seconds: float, target: Path) -
     return target
 
 
-def llama(name: str, **runtime: object) -> dict:
-    """Llama-3.1-8B on vLLM 0.22.1, the version of the recorded logs (so observations and predictions
-    share a hardware class)."""
-    return {
-        "apiVersion": "stoker.dev/v1alpha1",
-        "kind": "VLLMService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "runtime": {"engineVersion": "0.22.1", **runtime},
-        },
-    }
-
-
-def fleet(kubectl) -> dict[str, str]:
-    configmap = get_json(kubectl, "-n", CONFIGMAP_NAMESPACE, *CONFIGMAP) or {}
-    return dict(configmap.get("data") or {})
-
-
 def coefficients_of(kubectl, namespace: str, hardware: HardwareClass) -> CoefficientSet | None:
     """What the operator predicts `namespace`'s starts on `hardware` with, from the ConfigMap as it is."""
     starts = read_class(fleet(kubectl), hardware)
@@ -87,7 +73,7 @@ def events(kubectl, namespace: str) -> list[dict]:
 def test_expected_before_serving_then_slow_start_and_refit(namespace, kubectl, operator, tmp_path):
     # Nothing serves until the test scales it up, so "before the first serving pod" is certain.
     svc = llama("predicted", replicas=0)
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     seed_selector = "app.kubernetes.io/instance=predicted,app.kubernetes.io/component=seed"
     print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
 
@@ -206,7 +192,7 @@ def test_the_cache_claim_keeps_the_model_facts_of_its_seed(namespace, kubectl, o
     """The facts are signed on the claim with the seed's record: an operator that restarts (nothing in its
     memory) restores them to status from there, whatever status was made to say meanwhile."""
     svc = llama("reused")
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     seed_selector = "app.kubernetes.io/instance=reused,app.kubernetes.io/component=seed"
     print_recording(kubectl, namespace, seed_selector, DATA / "seed-with-facts.log", tmp_path)
 
@@ -237,7 +223,7 @@ def test_a_hub_snapshot_without_weights_takes_them_from_the_seed_log(namespace, 
     """The seed loads dummy weights, so a hub model's snapshot holds none and its facts line says
     checkpointBytes 0; the recorded seed's `Model loading took 14.96 GiB memory` stands in."""
     svc = llama("hub-weights", replicas=0)
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     recording = (DATA / "seed-with-facts.log").read_text()
     without_weights = re.sub(r'"checkpointBytes": \d+', '"checkpointBytes": 0', recording)
     assert without_weights != recording and WEIGHTS_LOADED in without_weights

@@ -6,17 +6,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from pathlib import Path
 
 import pytest
 from hack.kwoklogs import print_recording, serve_log
 
 from stoker.phases import parse_log
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import RECORDED, apply, condition, get_json, wait_for
 
 pytestmark = pytest.mark.e2e
-
-FIXTURES = Path(__file__).resolve().parents[1] / "unit" / "data" / "phases" / "vllm-0.22.1-h100"
 
 
 def apply_llama(kubectl, namespace: str, name: str) -> None:
@@ -26,7 +23,7 @@ def apply_llama(kubectl, namespace: str, name: str) -> None:
         "metadata": {"name": name},
         "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}},
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
 
 
 @pytest.mark.parametrize(
@@ -39,10 +36,10 @@ def test_recorded_startups_reach_status_events_and_metrics(
     apply_llama(kubectl, namespace, "timed")
     instance = "app.kubernetes.io/instance=timed"
     seed_pod = print_recording(
-        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", FIXTURES / "seed.log", tmp_path
+        kubectl, namespace, f"{instance},app.kubernetes.io/component=seed", RECORDED / "seed.log", tmp_path
     )
     pod_name = print_recording(
-        kubectl, namespace, f"{instance},app.kubernetes.io/component=server", FIXTURES / recording, tmp_path
+        kubectl, namespace, f"{instance},app.kubernetes.io/component=server", RECORDED / recording, tmp_path
     )
 
     def recorded():
@@ -53,7 +50,7 @@ def test_recorded_startups_reach_status_events_and_metrics(
         return status if done and "lastHit" in (status.get("cache") or {}) else None
 
     status = wait_for(recorded, what="startup phases in status")
-    with open(FIXTURES / recording, newline="") as recorded_log:  # keep progress bars' carriage returns
+    with open(RECORDED / recording, newline="") as recorded_log:  # keep progress bars' carriage returns
         expected = parse_log(recorded_log)
     last = status["startup"]["last"]
     assert last["compileCache"] == cache == expected.compile_cache
@@ -96,9 +93,9 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
             "coldStart": {"seed": {"enabled": False}},
         },
     }
-    kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(svc))
+    apply(kubectl, namespace, svc)
     selector = "app.kubernetes.io/instance=restarts,app.kubernetes.io/component=server"
-    pod = print_recording(kubectl, namespace, selector, FIXTURES / "seeded-serving.log", tmp_path)
+    pod = print_recording(kubectl, namespace, selector, RECORDED / "seeded-serving.log", tmp_path)
 
     def samples(count: int):
         status = (get_json(kubectl, "-n", namespace, "vllmservice", "restarts") or {}).get("status") or {}
@@ -110,13 +107,13 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
     restarted = dt.datetime.now(dt.UTC).replace(microsecond=0)
     running = {"running": {"startedAt": restarted.strftime("%Y-%m-%dT%H:%M:%SZ")}}
     status = {"containerStatuses": [{"name": "vllm", "restartCount": 1, "state": running}]}
-    serve_log(kubectl, namespace, pod, FIXTURES / "baseline.log", restarted, tmp_path)
+    serve_log(kubectl, namespace, pod, RECORDED / "baseline.log", restarted, tmp_path)
     kubectl(
         "-n", namespace, "patch", "pod", pod, "--subresource=status", "-p", json.dumps({"status": status})
     )
 
     startup = wait_for(lambda: samples(2), what="the restarted container parsed")
-    with open(FIXTURES / "baseline.log", newline="") as recorded_log:
+    with open(RECORDED / "baseline.log", newline="") as recorded_log:
         expected = parse_log(recorded_log)
     assert [s["restarts"] for s in startup["history"]] == [0, 1]
     assert startup["last"]["pod"] == pod and startup["last"]["compileCache"] == "miss"
@@ -127,7 +124,7 @@ def test_a_restarted_container_is_parsed_again_from_its_new_start(namespace, kub
 def test_after_an_edit_status_no_longer_shows_the_replaced_pod(namespace, kubectl, operator, tmp_path):
     apply_llama(kubectl, namespace, "edited")
     server = "app.kubernetes.io/instance=edited,app.kubernetes.io/component=server"
-    old_pod = print_recording(kubectl, namespace, server, FIXTURES / "seeded-serving.log", tmp_path)
+    old_pod = print_recording(kubectl, namespace, server, RECORDED / "seeded-serving.log", tmp_path)
 
     def last_pod():
         status = (get_json(kubectl, "-n", namespace, "vllmservice", "edited") or {}).get("status") or {}

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,8 +18,18 @@ from hack.kwoklogs import SECONDS_PREFIX, print_recording, serve_log, started_at
 
 from stoker.predict.fleet import FLEET_INFLUENCE, STORE_BYTES, read_class
 from stoker.predict.model import MAX_LAYERS, HardwareClass
-from tests.e2e.helpers import condition, get_json, wait_for
-from tests.e2e.test_prediction import CONFIGMAP, CONFIGMAP_NAMESPACE, DATA, RECORDED, fleet, llama
+from tests.e2e.helpers import (
+    CONFIGMAP,
+    CONFIGMAP_NAMESPACE,
+    DATA,
+    RECORDED,
+    condition,
+    create_namespace,
+    fleet,
+    get_json,
+    llama,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -39,15 +48,8 @@ def tenants(cluster, kubectl) -> Iterator[Callable[[], str]]:
     made: list[str] = []
 
     def make() -> str:
-        name = f"t-{uuid.uuid4().hex[:8]}"
-        kubectl("create", "namespace", name)
-        made.append(name)
-        wait_for(
-            lambda: kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
-            timeout=30,
-            what="the default service account",
-        )
-        return name
+        made.append(create_namespace(kubectl))
+        return made[-1]
 
     yield make
     for name in made:

@@ -3,8 +3,6 @@ lists (tests/conformance/test_serve_options.py checks those lists and this readi
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from pydantic import ValidationError
 
@@ -18,7 +16,6 @@ from stoker.engines.serve_options import (
     parse_options,
     stored_options,
 )
-from stoker.render.cli import main as render_main
 
 
 @pytest.mark.parametrize(
@@ -107,13 +104,3 @@ def test_the_api_names_the_field_and_the_flag() -> None:
     assert user_message(refused.value) == (
         "spec.runtime.extraArgs[2]: --max-batch-size is not an option of `vllm serve` in vLLM 0.26.0"
     )
-
-
-def test_stoker_render_refuses_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest = tmp_path / "svc.yaml"
-    manifest.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: x}\n"
-        "spec: {model: {name: Qwen/Qwen2.5-0.5B-Instruct}, runtime: {extraArgs: [--max-batch-size, '8']}}\n"
-    )
-    assert render_main([str(manifest)]) == 1
-    assert "spec.runtime.extraArgs[0]: --max-batch-size is not an option" in capsys.readouterr().err

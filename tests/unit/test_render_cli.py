@@ -39,29 +39,25 @@ def test_several_documents_and_other_kinds(tmp_path: Path, capsys: pytest.Captur
     assert services == ["qwen-small", "qwen-other"]
 
 
-def test_invalid_manifest_fails_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: bad}\n"
-        "spec: {model: {name: m}, runtime: {gpus: 3, tensorParallelSize: 2}}\n"
-    )
-    assert main([str(path)]) == 1
-    assert "tensorParallelSize must divide gpus" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("runtime", "message"),
     [
+        ("{gpus: 3, tensorParallelSize: 2}", "tensorParallelSize must divide gpus"),
         ("{image: registry/vllm:latest}", "names no vLLM version in its tag: set spec.runtime.engineVersion"),
         ("{image: vllm/vllm-openai:v0.40.0}", "vLLM 0.40.0 is not supported; supported releases: 0.22-0.23"),
+        (
+            "{extraArgs: [--max-batch-size, '8']}",
+            "spec.runtime.extraArgs[0]: --max-batch-size is not an option",
+        ),
     ],
+    ids=["tensor-parallel-not-dividing-gpus", "untagged-image", "unsupported-version", "unknown-extra-arg"],
 )
-def test_an_engine_version_stoker_cannot_tell_renders_nothing(
+def test_a_service_stoker_refuses_renders_nothing_and_says_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], runtime: str, message: str
 ) -> None:
-    path = tmp_path / "unknown.yaml"
+    path = tmp_path / "refused.yaml"
     path.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: unknown}\n"
+        "apiVersion: stoker.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: refused}\n"
         f"spec: {{model: {{name: m}}, runtime: {runtime}}}\n"
     )
     assert main([str(path)]) == 1

@@ -221,16 +221,17 @@ class Warmer:
         decision = decide(
             size(wanted), size(missing), self.budget, memory_available(), self.reserve, memory_pressure()
         )
+        if decision.evict and not self.evicted:
+            # Once on entering the state: dropping pages again each round would also drop those that a
+            # replica starting meanwhile reads. Before the state is published, so that its figures are
+            # those after the drop.
+            evict_pages(files)
+            wanted, files, missing, resident, _ = self.measure()
+        self.evicted = decision.evict
         if not decision.read_bytes or decision.read_bytes > BATCH_BYTES:
             # Before a read that may take minutes; not before a short one, which a few pages evicted by
             # the node's own reclaim call for: /ready and the line would flap for a second.
             self.publish(decision.state, resident, size(wanted))
-        if decision.evict and not self.evicted:
-            # Once on entering the state: dropping pages again each round would also drop those that a
-            # replica starting meanwhile reads.
-            evict_pages(files)
-            wanted, files, missing, resident, _ = self.measure()
-        self.evicted = decision.evict
         if decision.read_bytes:
             self.read(within(missing, decision.read_bytes))
             wanted, files, missing, resident, _ = self.measure()

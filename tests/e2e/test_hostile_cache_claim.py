@@ -18,10 +18,23 @@ import pytest
 from stoker.api import VLLMService
 from stoker.render import cache_key, short_cache_key
 from tests.conftest import Helm
-from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
-from tests.e2e.test_admission import EDITOR, TENANT, apply_as, chart_objects, may, refusal
-from tests.e2e.test_cache_retention import delete_and_wait_for_garbage_collection, seed_jobs
-from tests.e2e.test_operator import apply, minimal
+from tests.e2e.admission import (
+    TENANT,
+    apply_as,
+    apply_chart,
+    editor_in_force,
+    refusal,
+)
+from tests.e2e.helpers import (
+    apply,
+    condition,
+    delete_and_wait_for_garbage_collection,
+    get_json,
+    seed_jobs,
+    vllm_service,
+    wait_for,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -35,14 +48,8 @@ EDITORS_IMAGE = "registry.example/editor/vllm:0.26.0"
 def policy(kubectl, helm: Helm, namespace: str) -> str:
     """The chart's tenant boundary in force, and TENANT holding only its VLLMService editor role in
     `namespace`."""
-    kubectl("apply", "-f", "-", input=chart_objects(helm))
-    kubectl("-n", namespace, "create", "rolebinding", "tenant", f"--clusterrole={EDITOR}", f"--user={TENANT}")
-    wait_for(
-        lambda: may(kubectl, namespace, TENANT, "create", "vllmservices.stoker.dev"),
-        timeout=30,
-        what="binding",
-    )
-    return namespace
+    apply_chart(kubectl, helm)
+    return editor_in_force(kubectl, namespace)
 
 
 def claim_of(kubectl, namespace: str, name: str) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def owned_and_seeded(kubectl, namespace: str, name: str, owner_uid: str, key: st
 
 
 def test_a_service_recreated_by_name_does_not_get_the_retained_cache(namespace, kubectl, operator, policy):
-    apply(kubectl, namespace, minimal("shared"))
+    apply(kubectl, namespace, vllm_service("shared"))
     admins = wait_ready(kubectl, namespace, "shared")
     key = admins["status"]["cache"]["key"]
     kept = owned_and_seeded(kubectl, namespace, "shared", admins["metadata"]["uid"], key)
@@ -79,7 +86,7 @@ def test_a_service_recreated_by_name_does_not_get_the_retained_cache(namespace, 
         ),
         what="the admin's deployment and seed job collected",
     )
-    editors = minimal("shared")
+    editors = vllm_service("shared")
     editors["spec"]["runtime"].update(image=EDITORS_IMAGE, engineVersion="0.26.0")
     # Asking for the retained claim needs `use` on it, which the editor role does not give.
     asked = json.loads(json.dumps(editors))
@@ -108,7 +115,7 @@ def test_a_service_recreated_by_name_does_not_get_the_retained_cache(namespace, 
 
     # The admin re-creates theirs, asking for the claim: it is theirs again, seeded into an emptied volume.
     kubectl("-n", namespace, "delete", "vsvc", "shared")
-    reclaimed = minimal("shared")
+    reclaimed = vllm_service("shared")
     reclaimed["spec"]["coldStart"] = {"compileCache": {"reuseRetained": True}}
     apply(kubectl, namespace, reclaimed)
     again = wait_ready(kubectl, namespace, "shared")
@@ -126,14 +133,14 @@ def test_a_cache_another_owner_wrote_is_emptied_before_its_new_owner_uses_it(nam
     """The editor's own service (their image) seeds its claim and is deleted; the admin's service of that
     name takes the claim over: it is seeded again, emptied first, before any replica of the admin's
     starts."""
-    editors = minimal("handed")
+    editors = vllm_service("handed")
     editors["spec"]["runtime"].update(image=EDITORS_IMAGE, engineVersion="0.26.0")
     apply(kubectl, namespace, editors)
     first = wait_ready(kubectl, namespace, "handed")
     owned_and_seeded(kubectl, namespace, "handed", first["metadata"]["uid"], first["status"]["cache"]["key"])
     delete_and_wait_for_garbage_collection(kubectl, namespace, "handed")
 
-    admins = minimal("handed")
+    admins = vllm_service("handed")
     admins["spec"]["coldStart"] = {"compileCache": {"reuseRetained": True}}
     apply(kubectl, namespace, admins)
     again = wait_ready(kubectl, namespace, "handed")
@@ -172,7 +179,7 @@ FORGED_MODEL = {
 
 def test_a_forged_seeded_key_never_skips_the_seed(namespace, kubectl, operator):
     # The seed pod can never be scheduled: the cache stays unseeded, the serving replicas gated.
-    manifest = minimal("forged")
+    manifest = vllm_service("forged")
     manifest["spec"]["runtime"]["nodeSelector"] = {"stoker.test/no-such-node": "true"}
     apply(kubectl, namespace, manifest)
     wait_for(lambda: seed_jobs(kubectl, namespace, "forged"), what="a seed job")
@@ -207,7 +214,7 @@ def test_a_forged_seeded_key_never_skips_the_seed(namespace, kubectl, operator):
 
 
 def test_forged_seeded_at_and_model_are_restored(namespace, kubectl, operator):
-    apply(kubectl, namespace, minimal("restored"))
+    apply(kubectl, namespace, vllm_service("restored"))
     ready = wait_ready(kubectl, namespace, "restored")
     key = ready["status"]["cache"]["key"]
     claim = owned_and_seeded(kubectl, namespace, "restored", ready["metadata"]["uid"], key)
