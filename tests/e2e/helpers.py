@@ -133,7 +133,8 @@ def wait_condition(
         matches = (held.get("status"), held.get("reason")) == (status, reason)
         return svc if matches and says in held.get("message", "") else None
 
-    return wait_for(found, timeout, what=f"{namespace}/{name} {kind}={status} reason {reason} saying {says!r}")
+    what = f"{namespace}/{name} {kind}={status} reason {reason} saying {says!r}"
+    return wait_for(found, timeout, what=what)
 
 
 def get_service(kubectl: Callable[..., Any], namespace: str, name: str) -> dict[str, Any]:
