@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build lws-build node-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-down crds docs
+.PHONY: venv cluster-build epp-build lws-build node-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-real demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -94,6 +94,11 @@ crds: venv
 
 demo: venv cluster-build
 	hack/demo $(DEMO_EXAMPLE)
+
+# A real start on the real node: the seed Job and a serving pod running vLLM (CPU build) in containers.
+# Builds the node and its images first (about 25 min cold on 2 cores, then about 5 min per demo).
+demo-real: venv cluster-build node-images
+	hack/demo --real
 
 demo-down:
 	hack/demo --down

@@ -40,7 +40,7 @@ from bench.predictor.cpu_sweep import Start, drop_page_cache, model_dir, run_sta
 from bench.predictor.shapes import Shape
 
 from stoker.phases import parse_log
-from stoker.phases.kubernetes import kubernetes_phases, ready_gap_seconds
+from stoker.phases.kubernetes import api_timestamp, kubernetes_phases, ready_gap_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_JSON = REPO / "bench" / "results" / "realnode-cpu.json"
@@ -220,11 +220,30 @@ def complete_through_service(kubectl: Kubectl, namespace: str, service: str, tim
         return False
 
 
+def kubectl_in(env: dict[str, str]) -> Kubectl:
+    """`kubectl` with `env` (hack/cluster env's): the completed process, or RuntimeError with its stderr."""
+
+    def run(*args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> Any:
+        result = subprocess.run(
+            ["kubectl", *args], env=env, input=input, capture_output=True, text=True, timeout=timeout
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result
+
+    return run
+
+
+def prepare_demo(namespace: str, root: Path) -> dict[str, Any]:
+    """What hack/demo --real needs before it applies the VLLMService this returns: the tiny checkpoint and
+    the cache volume in `namespace` under `root`, and the real node's advertised GPUs."""
+    kubectl = kubectl_in(dict(os.environ))
+    model_and_cache_volumes(kubectl, namespace, root, venv_path(default_version()) / "bin" / "python")
+    advertise_gpus(kubectl, 4)
+    return vllm_service(1)
+
+
 # ---------------------------------------------------------------------------------------- the run
-
-
-def _timestamp(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
 
 def pod_phases(
@@ -236,21 +255,22 @@ def pod_phases(
     started = main["state"]["running"]["startedAt"]
     timeline = parse_log(log, process_start=datetime.fromisoformat(started.replace("Z", "+00:00")))
     phases: dict[str, float] = dict(kubernetes_phases(pod, events, container="vllm"))
-    scheduled = _timestamp(
+    scheduled = api_timestamp(
         next(c["lastTransitionTime"] for c in status["conditions"] if c["type"] == "PodScheduled")
     )
     inits = [c["state"].get("terminated") or {} for c in status.get("initContainerStatuses") or []]
     if inits and scheduled is not None:
-        first_init, last_init = _timestamp(inits[0].get("startedAt")), _timestamp(inits[-1].get("finishedAt"))
+        first_init = api_timestamp(inits[0].get("startedAt"))
+        last_init = api_timestamp(inits[-1].get("finishedAt"))
         if first_init is not None and last_init is not None:
             phases["sandbox"] = round(first_init - scheduled, 3)
             phases["init"] = round(last_init - first_init, 3)
-            phases["containerStart"] = round((_timestamp(started) or last_init) - last_init, 3)
+            phases["containerStart"] = round((api_timestamp(started) or last_init) - last_init, 3)
     phases.update(timeline.phases)
     gap = ready_gap_seconds(pod, timeline.ready_at)
     if gap is not None:
         phases["podReady"] = round(gap, 3)
-    ready = _timestamp(next(c["lastTransitionTime"] for c in status["conditions"] if c["type"] == "Ready"))
+    ready = api_timestamp(next(c["lastTransitionTime"] for c in status["conditions"] if c["type"] == "Ready"))
     if ready is not None:
         phases["route"] = round(max(0.0, routed_at - ready), 3)
     return {
@@ -275,12 +295,7 @@ class Bench:
         self.operator: subprocess.Popen[bytes] | None = None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> Any:
-        result = subprocess.run(
-            ["kubectl", *args], env=self.env, input=input, capture_output=True, text=True, timeout=timeout
-        )
-        if check and result.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
-        return result
+        return kubectl_in(self.env)(*args, input=input, check=check, timeout=timeout)
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("-n", NAMESPACE, "get", *args, "-o", "json").stdout)
@@ -450,7 +465,17 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--demo",
+        nargs=2,
+        metavar=("NAMESPACE", "DIR"),
+        help="no benchmark: make hack/demo --real's volumes under DIR and print its VLLMService",
+    )
     args = parser.parse_args()
+    if args.demo:
+        namespace, root = args.demo
+        print(json.dumps(prepare_demo(namespace, Path(root))))
+        return
     bench = Bench(args.reps)
     try:
         bench.up()

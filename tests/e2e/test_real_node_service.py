@@ -89,9 +89,10 @@ def test_a_vllmservice_seeds_serves_scales_reseeds_and_goes_on_the_real_node(
         return last if mine and last.get("readyGapSeconds") is not None else None
 
     last = wait_for(recorded, 120, "the start's phases in status")
-    # vLLM 0.26's CPU platform cannot load the mega AOT artifact the seed wrote (stoker's 0.26 default, a hit
-    # on GPUs: bench/results/coldstart-h200-run3.json): "'function' object has no attribute
-    # 'finalize_loading'", then it compiles again. stoker reports exactly that, from the pod's own log.
+    # vLLM 0.26's CPU platform cannot load an AOT-compiled function the seed wrote (a hit on GPUs:
+    # bench/results/coldstart-h200-run3.json): "'function' object has no attribute 'finalize_loading'",
+    # then it compiles again. The same with VLLM_USE_MEGA_AOT_ARTIFACT=0 (two host starts, 2026-11-28), so
+    # no CPU spec gets a hit. stoker reports exactly that, from the pod's own log.
     assert (last["compileCache"], last.get("compileCacheReason")) == ("miss", "loadFailed"), last
     assert 0 <= last["readyGapSeconds"] <= 1.5, last
     assert last["totalSeconds"] > 0 and last["phases"], last

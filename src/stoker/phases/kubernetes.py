@@ -32,7 +32,7 @@ def kubernetes_phases(
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     name = container if container is not None else containers[0].get("name")
 
-    created = _timestamp(metadata.get("creationTimestamp"))
+    created = api_timestamp(metadata.get("creationTimestamp"))
     scheduled = _scheduled_at(status)
     started = _started_at(status, name)
     pull = _image_pull_seconds(events, metadata.get("name"), name)
@@ -53,7 +53,7 @@ def ready_gap_seconds(pod: Mapping[str, Any], ready_at: datetime | None) -> floa
     so never < 0. None unless the pod is Ready and the line's time is known."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready" and condition.get("status") == "True":
-            became_ready = _timestamp(condition.get("lastTransitionTime"))
+            became_ready = api_timestamp(condition.get("lastTransitionTime"))
             if ready_at is None or became_ready is None:
                 return None
             return max(0.0, became_ready - ready_at.timestamp())
@@ -63,7 +63,7 @@ def ready_gap_seconds(pod: Mapping[str, Any], ready_at: datetime | None) -> floa
 def _scheduled_at(status: Mapping[str, Any]) -> float | None:
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
-            return _timestamp(condition.get("lastTransitionTime"))
+            return api_timestamp(condition.get("lastTransitionTime"))
     return None
 
 
@@ -75,7 +75,7 @@ def _started_at(status: Mapping[str, Any], name: str | None) -> float | None:
         for kind in ("running", "terminated"):
             started = (state.get(kind) or {}).get("startedAt")
             if started is not None:
-                return _timestamp(started)
+                return api_timestamp(started)
     return None
 
 
@@ -111,13 +111,13 @@ def _go_duration_seconds(duration: str) -> float:
 
 def _event_time(event: Mapping[str, Any]) -> float | None:
     for key in ("eventTime", "firstTimestamp", "lastTimestamp"):
-        moment = _timestamp(event.get(key))
+        moment = api_timestamp(event.get(key))
         if moment is not None:
             return moment
-    return _timestamp((event.get("metadata") or {}).get("creationTimestamp"))
+    return api_timestamp((event.get("metadata") or {}).get("creationTimestamp"))
 
 
-def _timestamp(value: object) -> float | None:
+def api_timestamp(value: object) -> float | None:
     """RFC3339 from the API (`...Z`, optional fraction), or a datetime from a client that parsed it."""
     if isinstance(value, datetime):
         return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
