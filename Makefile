@@ -64,8 +64,11 @@ unit: venv
 e2e: venv cluster-build epp-build lws-build vllm-venv node-images
 	$(BIN)/pytest tests/e2e
 
-# stoker's rules against real vLLM (needs a vLLM environment under ~/.cache/stoker/vllm; fails without).
-conformance-flags: venv
+# stoker's rules against every supported release's own `vllm serve` parser: the default's CPU venv, and
+# each other release's pure-Python source beside it (hack/vllm-venv --source: about 20 s and 40 MB each).
+conformance-flags: venv vllm-venv
+	for version in $$($(BIN)/python -m bench.conformance.serve_options --sources-wanted); do \
+		hack/vllm-venv --source $$version > /dev/null || exit 1; done
 	STOKER_REQUIRE_CONFORMANCE=1 $(BIN)/pytest tests/conformance/test_owned_flags_parser.py \
 		tests/conformance/test_serve_options.py
 

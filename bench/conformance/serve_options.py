@@ -83,6 +83,10 @@ def serve_options(version: str) -> list[ServeOption]:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--sources-wanted"]:
+        # For the Makefile: the releases whose parser comes from a source tree (no venv of their own).
+        print(*(version for version in RELEASES if not (venv_path(version) / ".complete").exists()))
+        return 0
     try:
         per_release = {version: serve_options(version) for version in RELEASES}
     except (LookupError, RuntimeError) as error:
