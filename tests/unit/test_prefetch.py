@@ -14,7 +14,7 @@ import pytest
 
 from stoker.inpod.pagecache import files_under, resident_pages
 from stoker.inpod.read_ahead import listed_ranges, read_ahead, script_of_this_python
-from stoker.render.prefetch import GENTLE_BYTES, read_ahead_command
+from stoker.render.prefetch import BYTECODE_DIRECTORY, GENTLE_BYTES, read_ahead_command
 from stoker.render.seed import seed_invocation
 from tests.unit.test_render import service
 
@@ -216,11 +216,21 @@ def test_a_script_of_this_python_is_named_by_its_path_or_through_env(tmp_path: P
 def test_the_command_is_python3_with_the_program_and_ends_where_the_server_begins() -> None:
     command = read_ahead_command(["/models/m"])
     assert command[:3] == ["python3", "-m", "stoker.inpod.read_ahead"]
-    assert command[3:] == ["--gentle", str(GENTLE_BYTES), "--pin-ptxas", "/models/m", "--"]
+    assert command[3:] == [
+        "--gentle",
+        str(GENTLE_BYTES),
+        "--pin-ptxas",
+        "--bytecode",
+        BYTECODE_DIRECTORY,
+        "/models/m",
+        "--",
+    ]
     assert read_ahead_command(["/models/m"], gentle=0)[3:] == [
         "--gentle",
         "0",
         "--pin-ptxas",
+        "--bytecode",
+        BYTECODE_DIRECTORY,
         "/models/m",
         "--",
     ]
@@ -282,6 +292,8 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path, program
         "--pages",
         str(listing),
         "--pin-ptxas",
+        "--bytecode",
+        BYTECODE_DIRECTORY,
         str(model),
         "--",
     ]
@@ -293,7 +305,7 @@ def test_the_listed_pages_are_read_before_the_checkpoint(tmp_path: Path, program
         timeout=60,
         check=True,
     )
-    lines = [line for line in result.stderr.splitlines() if "TRITON_PTXAS_PATH" not in line]
+    lines = [line for line in result.stderr.splitlines() if not any(w in line for w in ("PTXAS", "bytecode"))]
     assert lines[0] == f"stoker read-ahead: skipped {tmp_path / 'gone.so'}: No such file or directory"
     assert lines[1].startswith(f"stoker read-ahead: {2 * mmap.PAGESIZE} bytes of the imports' pages in ")
     assert lines[2].startswith(f"stoker read-ahead: {(4 << 20) + 1} bytes in ")

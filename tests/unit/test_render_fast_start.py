@@ -11,7 +11,7 @@ from stoker.api import VLLMService
 from stoker.render import build_deployment, cache_key, engine_invocation, render_children
 from stoker.render.cachekey import short_cache_key
 from stoker.render.engine import load_format, reads_ahead
-from stoker.render.prefetch import GENTLE_BYTES, WIDE_REQUEST_BYTES, serving_invocation
+from stoker.render.prefetch import BYTECODE_DIRECTORY, GENTLE_BYTES, WIDE_REQUEST_BYTES, serving_invocation
 from tests.unit.test_render import service_from
 
 ON_A_VOLUME: dict[str, Any] = {
@@ -52,6 +52,8 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
         "--gc",
         "deferred",
         "--pin-ptxas",
+        "--bytecode",
+        BYTECODE_DIRECTORY,
         "/models/llama-8b",
         "--",
         "vllm",

@@ -23,7 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
-from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
+from stoker.inpod import (
+    keep_bytecode,
+    options_and_command,
+    pin_ptxas,
+    program_parser,
+    working_directory_first,
+)
 from stoker.inpod.pagecache import SkipLines, data_segments, open_regular, server_has_child, walk_files
 
 # What the reader process may map (RLIMIT_AS) beyond what it was forked with: its memory counts against the
@@ -287,7 +293,7 @@ def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None
 
 def parser() -> argparse.ArgumentParser:
     usage = "%(prog)s [--gentle BYTES] [--request BYTES] [--pages LISTING] [--gc {deferred,on}] [--pin-ptxas]"
-    usage += " PATH... -- COMMAND..."
+    usage += " [--bytecode DIR] PATH... -- COMMAND..."
     described = program_parser("stoker.inpod.read_ahead", __doc__, usage)
     described.add_argument(
         "--gentle",
@@ -324,6 +330,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="set TRITON_PTXAS_PATH to torch's ptxas for COMMAND, unless it is set, as the seed Job does"
         " (Triton keys its kernel cache by the ptxas version)",
+    )
+    described.add_argument(
+        "--bytecode",
+        metavar="DIR",
+        help="where the image has no bytecode for vLLM, load Python's from (and write it under) DIR, where"
+        " the seed Job wrote it (stoker.inpod.keep_bytecode)",
     )
     described.add_argument(
         "paths",
@@ -382,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         described.error("no COMMAND after --")
     if settings.pin_ptxas:
         print(f"{LINE_PREFIX}{pin_ptxas()}", file=sys.stderr, flush=True)
+    if settings.bytecode:
+        print(f"{LINE_PREFIX}{keep_bytecode(settings.bytecode)}", file=sys.stderr, flush=True)
     server = os.getpid()
     reader = os.fork()
     if reader == 0:

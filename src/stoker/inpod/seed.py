@@ -11,7 +11,9 @@ first. With --start-again it then starts the server once more, waits for /health
 and stops it: a start that loads what the first one compiled may JIT-compile kernels of its own (vLLM's
 mega AOT artifact does, under other Triton cache keys), and serving pods then find them on the volume.
 With --pin-ptxas every start uses torch's ptxas (stoker.inpod.pin_ptxas), as the serving pods' read-ahead
-does, so that the Triton kernels it compiles are keyed as theirs are.
+does, so that the Triton kernels it compiles are keyed as theirs are. With --bytecode DIR, where the image
+has no bytecode for vLLM, the server writes Python's under DIR, where serving pods find it
+(stoker.inpod.keep_bytecode).
 
 Before the server starts, the image's Python files (everything under sys.path) are dropped from the page
 cache; once the server starts its engine process (its imports are done), the pages of them and of the files
@@ -35,7 +37,13 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
-from stoker.inpod import options_and_command, pin_ptxas, program_parser, working_directory_first
+from stoker.inpod import (
+    keep_bytecode,
+    options_and_command,
+    pin_ptxas,
+    program_parser,
+    working_directory_first,
+)
 from stoker.inpod.facts import (
     FACTS_LOG_PREFIX,
     IMPORT_PAGES_KEY,
@@ -205,7 +213,7 @@ def warm_up(port: str, model: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     usage = (
-        "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas]"
+        "%(prog)s --pages LISTING [--empty DIR] [--start-again] [--pin-ptxas] [--bytecode DIR]"
         " [--group-worker ENV [--worker-arg=ARG]...] -- COMMAND..."
     )
     described = program_parser("stoker.inpod.seed", __doc__, usage)
@@ -232,6 +240,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="set TRITON_PTXAS_PATH to torch's ptxas for COMMAND, unless it is set (Triton keys its kernel"
         " cache by the ptxas version)",
+    )
+    described.add_argument(
+        "--bytecode",
+        metavar="DIR",
+        help="where the image has no bytecode for vLLM, COMMAND writes Python's under DIR (on the cache"
+        " volume) for serving pods to load",
     )
     described.add_argument(
         "--group-worker",
@@ -289,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         # A volume's model path (hub ids and URIs are not paths): vLLM would take it for a hub id.
         print(f"{MODEL_PATH_MISSING_LINE} {model}", flush=True)
         return MODEL_PATH_MISSING_EXIT
+    if settings.bytecode:
+        print(f"{LINE_PREFIX}{keep_bytecode(settings.bytecode)}", flush=True)
     if settings.group_worker is not None:
         index = os.environ.get(settings.group_worker, "")
         if index != "0":

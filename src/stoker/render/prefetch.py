@@ -56,6 +56,12 @@ GENTLE_BYTES = 512 << 10
 WIDE_REQUEST_BYTES = 1 << 20
 
 
+# Python's bytecode, where the image has none for vLLM (stoker.inpod.keep_bytecode): the seed writes it,
+# serving pods load it. Not keyed: Python checks each file against its source, and the seed of a new key
+# empties the volume.
+BYTECODE_DIRECTORY = f"{CACHE_MOUNT_PATH}/stoker/bytecode"
+
+
 def read_ahead_command(
     paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "", request: int = 0, defer_gc: bool = False
 ) -> list[str]:
@@ -63,7 +69,7 @@ def read_ahead_command(
     in `pages`, if given; in requests of at most `request` bytes, if given; the server in this process with
     its garbage collector off during its imports, if `defer_gc`); the server's argv follows. The server
     runs with torch's ptxas pinned, as the seed's does (render.seed): the Triton kernels the seed compiled
-    are keyed as these pods look them up."""
+    are keyed as these pods look them up; and with the seed's bytecode where the image has none."""
     options = ["--gentle", str(gentle), *(["--request", str(request)] if request else [])]
     return [
         "python3",
@@ -73,6 +79,8 @@ def read_ahead_command(
         *(["--pages", pages] if pages else []),
         *(["--gc", "deferred"] if defer_gc else []),
         "--pin-ptxas",
+        "--bytecode",
+        BYTECODE_DIRECTORY,
         *paths,
         "--",
     ]

@@ -19,7 +19,7 @@ from stoker.render.names import (
     seed_job_name,
 )
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
-from stoker.render.prefetch import import_pages_listing
+from stoker.render.prefetch import BYTECODE_DIRECTORY, import_pages_listing
 
 SEED_BACKOFF_LIMIT = 1
 SEED_ACTIVE_DEADLINE_SECONDS = 2 * 3600
@@ -58,8 +58,8 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     flags = svc.spec.runtime.engine_profile.flags
     worker = ["--group-worker", JOB_INDEX_ENV, f"--worker-arg={flags.headless}"] if multi_node(svc) else []
     again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
-    # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins.
-    pin = ["--pin-ptxas"] if reads_ahead(svc) else []
+    # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins nor keeps bytecode.
+    pin = ["--pin-ptxas", "--bytecode", BYTECODE_DIRECTORY] if reads_ahead(svc) else []
     # Emptied first: the volume may hold what another key's or another owner's pods wrote (controller/
     # ownership.py), which vLLM would load as this key's compile cache.
     empty = ["--empty", engine.cache_mount_path]
