@@ -1471,6 +1471,23 @@ class StartupRecord(_StatusModel):
         " the condition's time has whole seconds.",
     )
     finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
+    weights_source: Literal["peer", "storage"] | None = Field(
+        default=None,
+        description="coldStart.peerWeights: peer when ModelExpress read the weights from a Ready replica,"
+        " storage when it loaded them as coldStart.loader says (no peer, or the peer path failed).",
+    )
+    peer_transfer_seconds: float | None = Field(
+        default=None, description="Seconds the peer transfer took (the slowest rank's)."
+    )
+    peer_transfer_gigabytes: float | None = Field(
+        default=None, description="Gigabytes (1e9 bytes) read from the peer, all ranks together."
+    )
+    peer_transfer_gigabytes_per_second: float | None = Field(
+        default=None, description="peerTransferGigabytes over peerTransferSeconds."
+    )
+    peer_fallback_reason: str | None = Field(
+        default=None, max_length=256, description="Why the peer path failed, as ModelExpress logged it."
+    )
     gpu_product: str | None = Field(
         default=None,
         max_length=253,

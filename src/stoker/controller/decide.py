@@ -66,8 +66,8 @@ from stoker.render import (
     short_cache_key,
 )
 from stoker.render.children import SERVING_KINDS, serving_kind
-from stoker.render.peers import Peer
 from stoker.render.group import LWS_KIND
+from stoker.render.peers import Peer
 
 Manifest = dict[str, Any]
 

@@ -23,7 +23,6 @@ from stoker.inpod import download
 from stoker.inpod.seed import HEALTH_PATH
 from stoker.render.engine import PORT, EngineInvocation, Role
 from stoker.render.memory import default_memory_request
-from stoker.render.peers import peer_container_ports, peer_env, peers_enabled
 from stoker.render.names import (
     CONTROL_TOKEN_KEY,
     GPU_SHARE_CLAIM,
@@ -34,6 +33,7 @@ from stoker.render.names import (
     model_pvc_name,
     server_selector_labels,
 )
+from stoker.render.peers import peer_container_ports, peer_env, peers_enabled
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
