@@ -317,7 +317,8 @@ def test_a_start_without_modelexpress_says_nothing_of_it() -> None:
 
 
 def transfer(worker: int, gigabytes: str, seconds: str) -> str:
-    return f"[Worker {worker}] [TIMING] RDMA transfer complete: 100 tensors, {gigabytes} GB, {seconds}s, 1.0 Gbps"
+    timing = f"100 tensors, {gigabytes} GB, {seconds}s, 1.0 Gbps"
+    return f"[Worker {worker}] [TIMING] RDMA transfer complete: {timing}"
 
 
 def test_ranks_add_up_and_the_slowest_is_the_transfer_s_time() -> None:
