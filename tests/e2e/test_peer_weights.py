@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.helpers import apply, get_json, get_service, owned_by, qwen, wait_for
+from tests.e2e.helpers import apply, get_json, get_service, other_namespace, owned_by, qwen, wait_for
 
 pytestmark = pytest.mark.e2e
+__all__ = ["other_namespace"]  # the fixture, used by name
 
 NAME = "peer"
 SERVER = {"app.kubernetes.io/instance": NAME, "app.kubernetes.io/component": "server"}
@@ -44,14 +45,17 @@ def listed(kubectl: Any, namespace: str) -> set[str]:
 
 
 def impostor(namespace: str, name: str, like: dict[str, Any]) -> dict[str, Any]:
-    """A plain pod carrying a serving pod's labels and annotations (its cache key), on a kwok node."""
+    """A plain pod carrying a serving pod's labels and annotations (its cache key), on a kwok node; not its
+    pod-template-hash, which would have the ReplicaSet adopt it (as any pod the namespace's users create
+    to match it)."""
+    labels = {k: v for k, v in like["metadata"]["labels"].items() if k != "pod-template-hash"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": like["metadata"]["labels"],
+            "labels": labels,
             "annotations": like["metadata"].get("annotations") or {},
         },
         "spec": {
