@@ -346,3 +346,38 @@ def test_what_a_tenant_prints_is_bounded() -> None:
     assert result is not None and result.fallback_reason is not None
     assert len(result.fallback_reason) == REASON_LIMIT
     assert not any(ord(ch) < 32 for ch in result.fallback_reason)
+
+
+def test_peer_children_as_applied_are_not_written_again() -> None:
+    on = body()
+    on["spec"] = copy.deepcopy(MANIFEST["spec"])
+    svc = VLLMService.model_validate(on)
+    sources = [Peer("llm-abc", "pod-uid", "10.1.2.3", "node-a")]
+    snap = snapshot(on)
+    rendered = render_children(svc, programs_image=snap.programs_image, peer_sources=sources)
+    live = {
+        (c["kind"], c["metadata"]["name"]): as_live(c, on, f"{c['kind']}-uid")
+        for c in rendered
+        if c["kind"] in ("NetworkPolicy", "EndpointSlice") or c["metadata"]["name"].startswith("llm-peers")
+    }
+    children = {**snap.children, **live}
+    snap = type(snap)(
+        **{**snap.__dict__, "rendered": rendered, "children": children, "peer_sources": sources}
+    )
+    written = {(w.desired["kind"], w.desired["metadata"]["name"]) for w in decide_children(snap).writes}
+    assert not written & set(live)
+    # A source gone: the slices are written again, empty (the API server returns no list for none).
+    emptied = type(snap)(
+        **{
+            **snap.__dict__,
+            "rendered": render_children(svc, programs_image=snap.programs_image),
+            "peer_sources": [],
+        }
+    )
+    written = {(w.desired["kind"], w.desired["metadata"]["name"]) for w in decide_children(emptied).writes}
+    assert written & set(live) == {("EndpointSlice", "llm-peers-r0"), ("EndpointSlice", "llm-peers-r1")}
+    for key in written & set(live):
+        live[key]["endpoints"] = None
+    settled = type(snap)(**{**emptied.__dict__, "children": {**snap.children, **live}})
+    written = {(w.desired["kind"], w.desired["metadata"]["name"]) for w in decide_children(settled).writes}
+    assert not written & set(live)
