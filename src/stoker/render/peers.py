@@ -25,7 +25,10 @@ from stoker.render.names import (
     Json,
     common_labels,
     object_meta,
+    peer_policy_name,
+    peer_service_name,
     server_selector_labels,
+    serving_policy_name,
 )
 
 COMPONENT_PEERS = "peers"
@@ -57,18 +60,6 @@ def ranks(svc: VLLMService) -> range:
     """The tensor-parallel ranks of a replica, each with its own Service (peer weights need one pod per
     replica and no pipeline or data parallel: the API refuses the rest)."""
     return range(svc.spec.runtime.effective_tensor_parallel_size)
-
-
-def peer_service_name(name: str, rank: int | str) -> str:
-    return f"{name}-peers-r{rank}"
-
-
-def peer_policy_name(name: str) -> str:
-    return f"{name}-peers"
-
-
-def serving_policy_name(name: str) -> str:
-    return f"{name}-serving"
 
 
 def service_pattern(svc: VLLMService) -> str:
