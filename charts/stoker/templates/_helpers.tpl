@@ -107,6 +107,17 @@ What the operator does in a namespace it watches, verb by verb (see src/stoker/c
 - apiGroups: [""]
   resources: ["persistentvolumeclaims", "services"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# coldStart.peerWeights: the per-rank peer Services, their EndpointSlices (stoker's, listing the Ready
+# serving pods) and the NetworkPolicies admitting the peer ports; deleted when peer weights are turned off.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["delete"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # get: scale from zero checks that an endpoint picker's address is its pod's own IP.
 - apiGroups: [""]
   resources: ["pods"]

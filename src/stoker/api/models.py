@@ -856,6 +856,32 @@ class NodeWarmingSpec(_Model):
     )
 
 
+# The receive bound ModelExpress puts on one transfer from a peer (MX_TRANSFER_TIMEOUT), after which the
+# replica loads from storage instead.
+PEER_TRANSFER_TIMEOUT_SECONDS = (10, 120, 1800)
+
+
+class PeerWeightsSpec(_Model):
+    """Serving replicas take their weights from a Ready replica of this VLLMService (vLLM's `modelexpress`
+    loader, over NIXL/UCX), and load from storage as coldStart.loader says when no peer answers. Every
+    serving pod is then a source as well: stoker keeps one Service per tensor-parallel rank (no selector;
+    its EndpointSlice lists the Ready serving pods of this service with the current cache key) and a
+    NetworkPolicy admitting the peer ports from this service's pods only; the peer path has no
+    authentication of its own (docs/concepts/peer-weights.md). The image needs the modelexpress and nixl
+    packages. Not part of the cache key; the seed Job loads no weights and uses no peer."""
+
+    enabled: bool = Field(
+        default=False, description="Load weights from a Ready replica of this service when there is one."
+    )
+    transfer_timeout_seconds: int = Field(
+        default=PEER_TRANSFER_TIMEOUT_SECONDS[1],
+        ge=PEER_TRANSFER_TIMEOUT_SECONDS[0],
+        le=PEER_TRANSFER_TIMEOUT_SECONDS[2],
+        description="How long one transfer from a peer may take before the replica loads from storage"
+        " instead (MX_TRANSFER_TIMEOUT); finding a peer and its handshake add at most 150 s more.",
+    )
+
+
 class ColdStartSpec(_Model):
     """What makes a replica start fast: weight loading, caches, CUDA graphs, seeding and standby."""
 
@@ -884,6 +910,11 @@ class ColdStartSpec(_Model):
         default_factory=NodeWarmingSpec,
         description="Keep the checkpoint in the page cache of the nodes the replicas can land on"
         " (docs/concepts/node-warming.md). Not part of the cache key.",
+    )
+    peer_weights: PeerWeightsSpec = Field(
+        default_factory=PeerWeightsSpec,
+        description="Weights from a Ready replica of this service, storage as the fallback"
+        " (docs/concepts/peer-weights.md). Not part of the cache key.",
     )
 
 
@@ -1183,6 +1214,60 @@ _GROUP_SHARED_VOLUME = (
 )
 
 
+# What ModelExpress's peer path cannot do (docs/concepts/peer-weights.md): each a refusal naming the field.
+_PEERS_CEL = "has(self.coldStart.peerWeights) && self.coldStart.peerWeights.enabled"
+_PEER_REFUSALS = (
+    (
+        "has(self.coldStart.loader.format) && self.coldStart.loader.format == 'fastsafetensors'",
+        "coldStart.peerWeights does not work with coldStart.loader.format fastsafetensors: ModelExpress"
+        " has no fastsafetensors fallback, so a replica without a peer would not load as the loader says;"
+        " choose instanttensor, safetensors, auto or runai_streamer",
+        "coldStart.loader.format",
+    ),
+    (
+        "has(self.coldStart.standby)",
+        "coldStart.peerWeights does not work with coldStart.standby: ModelExpress withdraws a sleeping"
+        " engine's weights as a source, and sleep mode moves them",
+        "coldStart.standby",
+    ),
+    (
+        f"{_MULTI_NODE_CEL}",
+        "coldStart.peerWeights does not work with runtime.nodesPerReplica above 1: the per-rank peer"
+        " Services serve the ranks of one pod",
+        "runtime.nodesPerReplica",
+    ),
+    (
+        "has(self.runtime.pipelineParallelSize) && self.runtime.pipelineParallelSize > 1",
+        "coldStart.peerWeights does not work with runtime.pipelineParallelSize above 1 (untested with"
+        " ModelExpress's per-rank sources): use tensor parallel",
+        "runtime.pipelineParallelSize",
+    ),
+    (
+        "has(self.runtime.dataParallelSize) && self.runtime.dataParallelSize > 1",
+        "coldStart.peerWeights does not work with runtime.dataParallelSize above 1 (a pod's ranks beyond"
+        " tensor parallel have no peer Service)",
+        "runtime.dataParallelSize",
+    ),
+)
+_PEERS_NEED_LOADER = "coldStart.peerWeights needs vLLM's modelexpress loader"
+
+
+def _peer_refusal(spec: VLLMServiceSpec) -> tuple[str, str] | None:
+    """The field and message of the first _PEER_REFUSALS rule `spec` breaks, pydantic's side of the CEL."""
+    runtime, cold_start = spec.runtime, spec.cold_start
+    broken = (
+        cold_start.loader.format == "fastsafetensors",
+        cold_start.standby is not None,
+        runtime.nodes_per_replica > 1,
+        runtime.effective_pipeline_parallel_size > 1,
+        runtime.effective_data_parallel_size > 1,
+    )
+    return next(
+        ((field, message) for (_, message, field), hit in zip(_PEER_REFUSALS, broken, strict=True) if hit),
+        None,
+    )
+
+
 class VLLMServiceSpec(_Model):
     """The desired state: a model, how replicas run, how they start fast, and how pods fit the cluster."""
 
@@ -1228,6 +1313,10 @@ class VLLMServiceSpec(_Model):
                     f".coldStart.{volume}.accessMode",
                 )
                 for volume in ("compileCache", "modelCache")
+            ),
+            *(
+                _cel(f"!({_PEERS_CEL}) || !({rule})", message, f".{field}")
+                for rule, message, field in _PEER_REFUSALS
             ),
         )
     )
@@ -1279,6 +1368,17 @@ class VLLMServiceSpec(_Model):
                     raise FieldError(
                         f"coldStart.{name}.accessMode", f"coldStart.{name}.accessMode {_GROUP_SHARED_VOLUME}"
                     )
+        if self.cold_start.peer_weights.enabled:
+            refusal = _peer_refusal(self)
+            if refusal is not None:
+                raise FieldError(*refusal)
+            # The engine version decides whether the loader exists: the operator reports it (InvalidSpec).
+            if not self.runtime.engine_profile.capabilities.modelexpress_loader:
+                version = self.runtime.resolved_engine_version
+                raise FieldError(
+                    "coldStart.peerWeights.enabled",
+                    f"{_PEERS_NEED_LOADER} (--load-format modelexpress), which vLLM {version} does not have",
+                )
         return self
 
 
@@ -1371,6 +1471,23 @@ class StartupRecord(_StatusModel):
         " the condition's time has whole seconds.",
     )
     finished_at: datetime | None = Field(default=None, description="When the start finished or failed.")
+    weights_source: Literal["peer", "storage"] | None = Field(
+        default=None,
+        description="coldStart.peerWeights: peer when ModelExpress read the weights from a Ready replica,"
+        " storage when it loaded them as coldStart.loader says (no peer, or the peer path failed).",
+    )
+    peer_transfer_seconds: float | None = Field(
+        default=None, description="Seconds the peer transfer took (the slowest rank's)."
+    )
+    peer_transfer_gigabytes: float | None = Field(
+        default=None, description="Gigabytes (1e9 bytes) read from the peer, all ranks together."
+    )
+    peer_transfer_gigabytes_per_second: float | None = Field(
+        default=None, description="peerTransferGigabytes over peerTransferSeconds."
+    )
+    peer_fallback_reason: str | None = Field(
+        default=None, max_length=256, description="Why the peer path failed, as ModelExpress logged it."
+    )
     gpu_product: str | None = Field(
         default=None,
         max_length=253,

@@ -38,7 +38,13 @@ CHILD_RESOURCES = (
     ("", "v1", "pods", "Pod"),
     ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
     ("", "v1", "services", "Service"),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    ("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
 )
+# Kinds whose names alone are not watched cluster-wide: stoker creates no pod, and every Service of the
+# cluster has EndpointSlices; a peer EndpointSlice's name taken by another object makes its create fail
+# (409), and the reconcile reads that object then.
+_NAMES_UNWATCHED = ("Pod", "EndpointSlice")
 
 
 def _resource_version(obj: Manifest) -> int:
@@ -213,7 +219,7 @@ def register(cache: ObjectCache) -> None:
     for group, version, plural, kind in CHILD_RESOURCES:
         resource = (group, version, plural) if group else (version, plural)
         kopf.on.event(*resource, labels=MANAGED, id="cache")(keeper(kind))
-        if kind != "Pod":  # stoker creates no pod itself
+        if kind not in _NAMES_UNWATCHED:
             kopf.on.event(*resource, id="names")(names(kind))
 
 

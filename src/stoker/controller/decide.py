@@ -67,6 +67,7 @@ from stoker.render import (
 )
 from stoker.render.children import SERVING_KINDS, serving_kind
 from stoker.render.group import LWS_KIND
+from stoker.render.peers import Peer
 
 Manifest = dict[str, Any]
 
@@ -134,6 +135,10 @@ class Snapshot:
     # stoker deletes its own once warming is skipped or off), and its pods.
     node_warmer: Manifest | None = None
     warmer_pods: list[Manifest] = field(default_factory=list)
+    # coldStart.peerWeights: the serving pods its EndpointSlices list (controller/peers.py), and every peer
+    # child the watch cache has of this service (also when not rendered: stoker deletes its own).
+    peer_sources: list[Peer] = field(default_factory=list)
+    peer_objects: list[Manifest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
             control_token=snap.control_token,
             programs_image=snap.programs_image,
             warming=snap.warming.warming if snap.warming is not None else None,
+            peer_sources=snap.peer_sources,
         )
         if gate_closed
         else snap.rendered
@@ -343,14 +349,13 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
     stale_pool = snap.stale_inference_pool
     if stale_pool is not None and owned_by(stale_pool, uid):  # spec.inferencePool was unset
         plan.deletions.append(stale_pool)
-    warmer = snap.node_warmer
-    if (
-        warmer is not None
-        and owned_by(warmer, uid)
-        and ("DaemonSet", warmer["metadata"]["name"])
-        not in {(c["kind"], c["metadata"]["name"]) for c in rendered}
-    ):
-        plan.deletions.append(warmer)  # warming skipped or turned off
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in rendered}
+    # Warming skipped or turned off; peer weights turned off, or fewer ranks.
+    plan.deletions += [
+        obj
+        for obj in [snap.node_warmer, *snap.peer_objects]
+        if obj is not None and owned_by(obj, uid) and (obj["kind"], obj["metadata"]["name"]) not in wanted
+    ]
     plan.deletions += [
         job
         for job in snap.seed_jobs
@@ -381,7 +386,10 @@ def first_reaction(plan: ChildrenPlan) -> ChildrenPlan | None:
 
 def _as_rendered(snap: Snapshot, desired: Manifest, live: Manifest) -> bool:
     """Whether the live child has everything stoker renders, and nothing in its spec that only others
-    set: every kind compared whole, as the pod template is."""
+    set: every kind compared whole, as the pod template is. An EndpointSlice's endpoints are compared
+    whole too (the API server returns an empty list as none)."""
+    if desired["kind"] == "EndpointSlice":
+        live = {**live, "endpoints": live.get("endpoints") or []}
     return covers(live, desired) and not foreign_fields(desired["kind"], live, snap.field_manager)
 
 

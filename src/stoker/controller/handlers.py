@@ -21,6 +21,7 @@ from stoker.controller.diagnose import pod_problem
 from stoker.controller.objects import pod_is_ready
 from stoker.controller.workqueue import WorkQueue
 from stoker.render.names import COMPONENT_SEED
+from stoker.render.peers import PEER_LABEL
 
 FINALIZER = f"{GROUP}/finalizer"
 
@@ -127,12 +128,22 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="child")
     @kopf.on.event("apps", "v1", "daemonsets", labels=MANAGED, id="child")
     @kopf.on.event("v1", "services", labels=MANAGED, id="child")
+    @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED, id="child")
+    @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED, id="child")
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_ready, id="child")
     async def child_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
             queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
             startups.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
+
+    # coldStart.peerWeights: the peer EndpointSlices list the Ready serving pods, so these pods' every change
+    # (turning unready, going away, a new IP) is news, not only their turning Ready.
+    @kopf.on.event("v1", "pods", labels={**MANAGED, PEER_LABEL: "true"}, id="peer")
+    async def peer_pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        owner = labels.get(INSTANCE_LABEL)
+        if owner:
+            queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
 
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_in_trouble, id="troubled")
     async def pod_troubled(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from stoker.phases.weights import WeightsLoad
+
 STARTUP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
 
 RECONCILES = Counter("stoker_reconcile_total", "Reconciles by result.", ["result"])
@@ -46,6 +48,17 @@ COMPILE_CACHE_RESULTS = Counter(
     "stoker_compile_cache_total",
     "Startups by compile-cache outcome (hit, miss, none).",
     ["namespace", "name", "result", "role"],
+)
+WEIGHTS_SOURCES = Counter(
+    "stoker_weights_source_total",
+    "Serving starts with coldStart.peerWeights by where their weights came from (peer, storage).",
+    ["namespace", "name", "source"],
+)
+PEER_TRANSFER_GIGABYTES_PER_SECOND = Histogram(
+    "stoker_peer_transfer_gigabytes_per_second",
+    "Rate of each weights transfer from a peer replica (coldStart.peerWeights), all ranks together.",
+    ["namespace", "name"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 50, 100, 200),
 )
 STANDBY_WAKE_SECONDS = Histogram(
     "stoker_standby_wake_seconds",
@@ -148,6 +161,8 @@ _PER_SERVICE_SERIES = (
     (STARTUP_READY_GAP_SECONDS, [()]),
     (STANDBY_WAKE_SECONDS, [()]),
     (COMPILE_CACHE_RESULTS, [(result, *role) for result in ("hit", "miss", "none") for role in _ROLES]),
+    (WEIGHTS_SOURCES, [("peer",), ("storage",)]),
+    (PEER_TRANSFER_GIGABYTES_PER_SECOND, [()]),
 )
 
 
@@ -160,3 +175,13 @@ def forget_service(namespace: str, name: str) -> None:
         for values in label_sets:
             with contextlib.suppress(KeyError):  # none was observed
                 metric.remove(namespace, name, *values)
+
+
+def observe_weights(service: tuple[str, str], weights: WeightsLoad | None) -> None:
+    """A start's weights source (coldStart.peerWeights), and its peer transfer's rate."""
+    if weights is None:
+        return
+    WEIGHTS_SOURCES.labels(*service, weights.source).inc()
+    rate = weights.gigabytes_per_second
+    if rate is not None:
+        PEER_TRANSFER_GIGABYTES_PER_SECOND.labels(*service).observe(rate)

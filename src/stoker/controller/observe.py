@@ -21,6 +21,7 @@ from stoker.controller.decide import Snapshot, job_outcome
 from stoker.controller.diagnose import worth_a_closer_look
 from stoker.controller.kube import Kube, Manifest, ResourceMissing
 from stoker.controller.ownership import runs_replicas
+from stoker.controller.peers import peer_sources
 from stoker.controller.warming import Candidate, Verdict, candidate, plan_warming, weights_claim
 from stoker.render import (
     COMPONENT_LABEL,
@@ -36,6 +37,7 @@ from stoker.render import (
 )
 from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_PLURAL
 from stoker.render.nodewarmer import node_warmer_selector_labels
+from stoker.render.peers import PEER_KINDS, peer_labels, peers_enabled
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # Set by the Job controller on an Indexed Job's pods (a multi-node seed's).
@@ -70,11 +72,14 @@ class Observer:
         namespace, name = str(svc.namespace), svc.name
         children: dict[tuple[str, str], Manifest | None] = {}
         warming = self._warming(svc) if svc.spec.cold_start.node_warming.enabled else None
+        pods = self.cache.of_instance("Pod", namespace, name, lambda pod: runs_replicas(pod, svc))
+        sources = peer_sources(svc, pods) if peers_enabled(svc) else []
         rendered = render_children(
             svc,
             control_token=control_token,
             programs_image=self.programs_image,
             warming=warming.warming if warming is not None else None,
+            peer_sources=sources,
         )
         pool_crd_missing: str | None = None
         group_crd_missing: str | None = None
@@ -103,7 +108,6 @@ class Observer:
             unlabelled = children.pop(("Job", seed_name))
             if unlabelled is not None and all(j["metadata"]["name"] != seed_name for j in seed_jobs):
                 seed_jobs.append(unlabelled)
-        pods = self.cache.of_instance("Pod", namespace, name, lambda pod: runs_replicas(pod, svc))
         seed_job = next((j for j in seed_jobs if j["metadata"]["name"] == seed_name), None)
         seed_pods = (
             self.cache.of_instance("Pod", namespace, name, labels_match({JOB_NAME_LABEL: seed_name}))
@@ -164,6 +168,12 @@ class Observer:
             warming=warming,
             node_warmer=warmer,
             warmer_pods=warmer_pods,
+            peer_sources=sources,
+            peer_objects=[
+                obj
+                for kind in PEER_KINDS
+                for obj in self.cache.of_instance(kind, namespace, name, labels_match(peer_labels(name)))
+            ],
         )
 
     def _warming(self, svc: VLLMService) -> Verdict:

@@ -60,6 +60,7 @@ from stoker.phases import (
     ready_gap_seconds,
     summarize,
 )
+from stoker.phases.timeline import weights_document
 from stoker.predict.facts import parse_facts_line, with_logged_weights
 from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
@@ -384,6 +385,7 @@ class StartupRecorder:
             "podTemplateHash": template_hash(pod),
             "finishedAt": now_rfc3339(),
             "gpuProduct": self._gpu_product(pod),
+            **weights_document(timeline.weights),
         }
         if timeline.failed:
             record.update(failed=True, reason=timeline.reason)
@@ -394,6 +396,7 @@ class StartupRecorder:
         service = (namespace, body["metadata"]["name"])
         metrics.STARTUP_TOTAL_SECONDS.labels(*service, role).observe(record["totalSeconds"])
         metrics.COMPILE_CACHE_RESULTS.labels(*service, timeline.compile_cache, role).inc()
+        metrics.observe_weights(service, timeline.weights)
         self.kube.post_event(
             body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
         )

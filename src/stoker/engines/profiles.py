@@ -118,6 +118,11 @@ class Capabilities:
     # `--load-format instanttensor` needs the instanttensor package: an extra (vllm[instanttensor], which
     # stoker's runtime image installs) up to 0.32, a dependency of vLLM itself from 0.33 (METADATA).
     instanttensor_in_every_image: bool
+    # `--load-format modelexpress` (model_executor/model_loader/modelexpress_loader.py, registered in
+    # model_loader/__init__.py): weights from a peer replica through the modelexpress package, which the
+    # image must add. The wrapper is byte-identical from 0.26.0 to 0.33.0; ModelExpress 0.7.0 against
+    # these releases' loader internals is untested upstream (its docs name 0.23 and older).
+    modelexpress_loader: bool = False
 
 
 @dataclass(frozen=True)
@@ -323,7 +328,8 @@ V0_24 = replace(
 )
 
 # 0.26.0: --kv-cache-memory-bytes leaves the key (config/cache.py:206), the startup plan arrives
-# (v1/worker/startup_plan.py), Model Runner V2 warms kernels silently after graph capture. torch 2.11 leaves
+# (v1/worker/startup_plan.py), Model Runner V2 warms kernels silently after graph capture, and the
+# `modelexpress` loader is registered (model_executor/model_loader/__init__.py:58). torch 2.11 leaves
 # the mega AOT artifact off; stoker turns it on: measured on an H200 with the seed's second start and the
 # ptxas pin (bench/results/coldstart-h200-run3.json), 4.7 s off a start on a warmed node (23.8 -> 19.1 s,
 # medians) and no serving start compiled a Triton kernel; 4.0 s off a cold one before the pin
@@ -339,7 +345,11 @@ V0_26 = replace(
     )
     - {"VLLM_CI_USE_S3"},
     capabilities=replace(
-        V0_24.capabilities, startup_plan=True, jit_warmup="silent", mega_aot_artifact="stoker"
+        V0_24.capabilities,
+        startup_plan=True,
+        jit_warmup="silent",
+        mega_aot_artifact="stoker",
+        modelexpress_loader=True,
     ),
     log_markers=(*COMMON, *UNTAGGED_COMPILE, *KV_CACHE_GPU, *JIT_MONITOR),
     phase_ends=_PHASES_SILENT_WARMUP,

@@ -40,6 +40,7 @@ from stoker.phases.patterns import (
     marker_pattern,
 )
 from stoker.phases.timeline import CompileCache, CompileCacheReason, StartupTimeline
+from stoker.phases.weights import WeightsTracker
 
 # On a cache hit the phase that ends at torch.compile's total loaded artifacts: it compiled nothing.
 COMPILE_PHASE, COMPILE_LOAD_PHASE = "compile", "compileLoad"
@@ -82,6 +83,8 @@ class _Run:
     exception: str | None = None
     # Device memory the first worker that said so loaded its weights into.
     worker_weight_bytes: int | None = None
+    # coldStart.peerWeights: what ModelExpress said about where the weights came from.
+    weights: WeightsTracker = field(default_factory=WeightsTracker)
 
 
 class StartupLogParser:
@@ -140,6 +143,8 @@ class StartupLogParser:
                 self._mark(marker, self._last_time)
                 if marker is Marker.LOADED and self._run.worker_weight_bytes is None:
                     self._run.worker_weight_bytes = self._profile.logged_weight_bytes(message)
+            else:
+                self._run.weights.feed(message)
         self._follow_traceback(line, message)
 
     def timeline(self) -> StartupTimeline:
@@ -170,6 +175,7 @@ class StartupLogParser:
             compile_cache_reason=cache_reason,
             engine_version=self._engine_version,
             worker_weight_bytes=run.worker_weight_bytes,
+            weights=run.weights.result(),
             failed=failed,
             reason=run.exception if failed else None,
             ready=ready,

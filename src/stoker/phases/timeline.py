@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from stoker.phases.weights import WeightsLoad
+
 CompileCache = Literal["hit", "miss", "none"]
 # Why a miss: a kept compile cache was there and could not be loaded, so the engine compiled again.
 CompileCacheReason = Literal["loadFailed"]
@@ -26,6 +28,8 @@ class StartupTimeline:
     engine_version: str | None = None
     # Device memory one worker's weights took (`Model loading took X GiB`), when a GPU runner logged it.
     worker_weight_bytes: int | None = None
+    # coldStart.peerWeights: from a peer or from storage, as ModelExpress logged it; None without it.
+    weights: WeightsLoad | None = None
     failed: bool = False
     reason: str | None = None
     ready: bool = False
@@ -45,6 +49,7 @@ class StartupTimeline:
             document["compileCacheReason"] = self.compile_cache_reason
         if self.engine_version is not None:
             document["engineVersion"] = self.engine_version
+        document.update(weights_document(self.weights))
         if self.failed:
             document["failed"] = True
             document["reason"] = self.reason
@@ -58,7 +63,9 @@ def summarize(timeline: StartupTimeline) -> str:
     elif timeline.ready and timeline.total_seconds is not None:
         details = []
         if "weightLoad" in timeline.phases:
-            details.append(f"weights {timeline.phases['weightLoad']:.1f} s")
+            details.append(
+                f"weights {timeline.phases['weightLoad']:.1f} s{_weights_detail(timeline.weights)}"
+            )
         if timeline.compile_cache == "none":
             details.append("no compile")
         else:
@@ -76,3 +83,32 @@ def summarize(timeline: StartupTimeline) -> str:
     else:
         message = "Not ready (no startup phase finished yet)"
     return message[:_EVENT_MESSAGE_LIMIT]
+
+
+def weights_document(weights: WeightsLoad | None) -> dict[str, Any]:
+    """The start record's weights fields (status.startup, `stoker phases --json`): none when ModelExpress
+    said nothing."""
+    if weights is None:
+        return {}
+    document: dict[str, Any] = {"weightsSource": weights.source}
+    if weights.source == "peer":
+        document.update(
+            peerTransferSeconds=weights.transfer_seconds,
+            peerTransferGigabytes=weights.gigabytes,
+            peerTransferGigabytesPerSecond=weights.gigabytes_per_second,
+        )
+    elif weights.fallback_reason is not None:
+        document["peerFallbackReason"] = weights.fallback_reason
+    return document
+
+
+def _weights_detail(weights: WeightsLoad | None) -> str:
+    if weights is None:
+        return ""
+    if weights.source == "peer":
+        rate = weights.gigabytes_per_second
+        return f" from a peer: {weights.gigabytes} GB in {weights.transfer_seconds} s" + (
+            f", {rate} GB/s" if rate is not None else ""
+        )
+    because = f", the peer path failed: {weights.fallback_reason}" if weights.fallback_reason else ""
+    return f" from storage{because}"

@@ -9,6 +9,7 @@ from stoker.render.group import LWS_KIND, build_leader_worker_set, build_seed_gr
 from stoker.render.inferencepool import build_inference_pool
 from stoker.render.names import Json
 from stoker.render.nodewarmer import Warming, build_node_warmer
+from stoker.render.peers import Peer, build_peer_children
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job
@@ -43,10 +44,13 @@ def render_children(
     control_token: str | None = None,
     programs_image: str = DEFAULT_PROGRAMS_IMAGE,
     warming: Warming | None = None,
+    peer_sources: list[Peer] | None = None,
 ) -> list[Json]:
     """Control Secret, PVCs, seed Job (for a multi-node service with its headless Service), Deployment or
     LeaderWorkerSet (build_serving), Service, with `warming` (the operator's decision for
-    coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, and with spec.inferencePool
+    coldStart.nodeWarming, controller/warming.py) the node warmer DaemonSet, with coldStart.peerWeights the
+    peer NetworkPolicies, Services and EndpointSlices (listing `peer_sources`, the controller's pick of
+    the serving pods, controller/peers.py; none in `stoker render`), and with spec.inferencePool
     the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
     overrides the Deployment's or LeaderWorkerSet's replicas (the controller passes 0 while a gated seed
     runs);
@@ -66,6 +70,7 @@ def render_children(
         children.append(build_seed_job(svc, programs_image=programs_image))
     children.append(build_serving(svc, replicas=serving_replicas, programs_image=programs_image))
     children.append(build_service(svc))
+    children += build_peer_children(svc, peer_sources or [])
     if warming is not None:
         children.append(build_node_warmer(svc, warming, programs_image=programs_image))
     pool = svc.spec.inference_pool

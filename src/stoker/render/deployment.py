@@ -15,6 +15,7 @@ from stoker.render.names import (
     object_meta,
     server_selector_labels,
 )
+from stoker.render.peers import PEER_LABEL, peers_enabled
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE, pod_metadata, pod_spec
 from stoker.render.prefetch import serving_invocation
 
@@ -42,6 +43,8 @@ def build_deployment(
     labels = common_labels(svc.name, COMPONENT_SERVER, key[:SHORT_KEY_LENGTH])
     annotations = {CACHE_KEY_ANNOTATION: key}
     pod_labels = dict(labels)
+    if peers_enabled(svc):
+        pod_labels[PEER_LABEL] = "true"
     if svc.spec.cold_start.standby is not None:
         # Every pod starts active, so it serves even if the operator is down; the operator puts the
         # surplus to sleep. The label is not in the selector: relabelling keeps a pod in its ReplicaSet.

@@ -24,6 +24,8 @@ ENGINE_COMMAND = ["vllm", "serve"]
 SEED_LOAD_FORMAT = "dummy"
 STREAMER = "runai_streamer"
 INSTANTTENSOR = "instanttensor"
+# coldStart.peerWeights: serving pods load through ModelExpress, which falls back to storage (render.peers).
+MODELEXPRESS = "modelexpress"
 
 # With standby replicas: vLLM's sleep endpoints exist only in dev mode, on the serving port, so this
 # middleware (on the pods' programs volume, render.pods) answers them only to a caller holding the control
@@ -167,7 +169,8 @@ def _loader_args(svc: VLLMService, role: Role, profile: EngineProfile) -> list[s
     if role == "seed":
         return [flags.load_format, SEED_LOAD_FORMAT]
     loader = svc.spec.cold_start.loader
-    args = [flags.load_format, load_format(svc)]
+    peers = svc.spec.cold_start.peer_weights.enabled
+    args = [flags.load_format, MODELEXPRESS if peers else load_format(svc)]
     extra: dict[str, object] = {}
     if loader.concurrency is not None:
         extra["concurrency"] = loader.concurrency

@@ -93,6 +93,19 @@ def node_warmer_name(name: str) -> str:
     return f"{name}-node-warmer"
 
 
+def peer_service_name(name: str, rank: int | str) -> str:
+    """coldStart.peerWeights: the Service of a tensor-parallel rank (`{rank}` in ModelExpress's pattern)."""
+    return f"{name}-peers-r{rank}"
+
+
+def peer_policy_name(name: str) -> str:
+    return f"{name}-peers"
+
+
+def serving_policy_name(name: str) -> str:
+    return f"{name}-serving"
+
+
 def deployment_name(name: str) -> str:
     return name
 

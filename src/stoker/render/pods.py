@@ -33,6 +33,7 @@ from stoker.render.names import (
     model_pvc_name,
     server_selector_labels,
 )
+from stoker.render.peers import peer_container_ports, peer_env, peers_enabled
 
 ENGINE_CONTAINER = "vllm"
 DOWNLOAD_CONTAINER = "download-model"
@@ -80,7 +81,13 @@ def _secret_env(svc: VLLMService, role: Role) -> list[Json]:
         for var in svc.spec.runtime.env
         if var.value_from
     ]
-    return _hf_token_env(svc) + _control_token_env(svc, role) + user_env
+    return _hf_token_env(svc) + _control_token_env(svc, role) + _peer_env(svc, role) + user_env
+
+
+def _peer_env(svc: VLLMService, role: Role) -> list[Json]:
+    # Serving pods only: the seed loads dummy weights. Not in the invocation's env, from which the compile-
+    # cache key is computed, as the key is one of its values (MX_MODEL_REVISION).
+    return peer_env(svc) if role == "serve" and peers_enabled(svc) else []
 
 
 def _literal(text: str) -> str:
@@ -230,6 +237,8 @@ def engine_container(svc: VLLMService, role: Role, invocation: EngineInvocation,
         # A failed seed's last log lines land in its pod's status, where the operator reads why (Jobs are
         # created once per key, so this does not change a live object).
         container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    if role == "serve" and peers_enabled(svc):
+        container["ports"] += peer_container_ports(svc)
     if role == "serve":
         container["startupProbe"] = _http_probe(STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURE_THRESHOLD)
         container["readinessProbe"] = _http_probe(5, 3)
