@@ -38,11 +38,16 @@ FROM ${VLLM_IMAGE} AS runtime
 ARG VLLM_VERSION=0.26.0
 ARG RUNAI_STREAMER_VERSION=0.16.1
 ARG INSTANTTENSOR_VERSION=0.2.2
-# The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`, and InstantTensor
-# (vllm[instanttensor]) for `--load-format instanttensor`, which stoker renders for weights on a volume.
+ARG MODELEXPRESS_VERSION=0.7.0
+ARG NIXL_VERSION=1.5.1
+# The Run:ai streamer (local files, S3, GCS, Azure) for `--load-format runai_streamer`, InstantTensor
+# (vllm[instanttensor]) for `--load-format instanttensor`, which stoker renders for weights on a volume, and
+# ModelExpress with NIXL for `--load-format modelexpress` (coldStart.peerWeights). `nixl` itself is a meta
+# package that needs both CUDA builds at one version, and PyPI's stop at 1.5.1; torch here is CUDA 13's.
 RUN python3 -m pip install --no-cache-dir "runai-model-streamer[s3,gcs,azure]==${RUNAI_STREAMER_VERSION}" \
-        "instanttensor==${INSTANTTENSOR_VERSION}" \
-    && python3 -c "import instanttensor, runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
+        "instanttensor==${INSTANTTENSOR_VERSION}" "modelexpress==${MODELEXPRESS_VERSION}" \
+        "nixl-cu13==${NIXL_VERSION}" \
+    && python3 -c "import instanttensor, modelexpress, runai_model_streamer, vllm; assert vllm.__version__ == '${VLLM_VERSION}', vllm.__version__"
 # Most of a warm start is Python imports, twice (API server and engine process). The upstream image is
 # installed by uv, which writes no bytecode, so every new pod would compile it again. Unchecked-hash .pyc
 # files are never re-validated against their sources: the image's files do not change. compileall exits

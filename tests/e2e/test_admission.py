@@ -363,6 +363,21 @@ def test_node_warming_needs_what_a_daemonset_needs(kubectl, policy: None, tenant
     assert result.returncode == 0, result.stderr
 
 
+def test_peer_weights_need_what_writing_network_policies_needs(
+    kubectl, policy: None, tenant_namespace: str
+) -> None:
+    """stoker writes the peer ports' NetworkPolicies, one of which opens the serving port to every pod."""
+    peers = {"coldStart": {"peerWeights": {"enabled": True}}}
+    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(peers)))
+    assert message.startswith(
+        f"spec.coldStart.peerWeights.enabled: {TENANT} may not have stoker write NetworkPolicies"
+    ), message
+    rule = {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]}
+    bind(kubectl, tenant_namespace, TENANT, rule, "networkpolicies")
+    result = apply_as(kubectl, TENANT, tenant_namespace, manifest(peers))
+    assert result.returncode == 0, result.stderr
+
+
 # ------------------------------------------------------------------------------------- what is allowed
 
 
