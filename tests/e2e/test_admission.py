@@ -350,32 +350,42 @@ def test_pod_annotations_are_refused_since_webhooks_act_on_them(
     ), message
 
 
+def refused_until_granted(
+    kubectl, namespace: str, spec: dict[str, Any], said: str, rule: dict[str, Any], grant: str
+) -> None:
+    """`spec` is refused for TENANT with a message starting with `said`, and accepted once a Role grants
+    `rule` in `namespace`."""
+    message = refusal(apply_as(kubectl, TENANT, namespace, manifest(spec)))
+    assert message.startswith(said), message
+    bind(kubectl, namespace, TENANT, rule, grant)
+    result = apply_as(kubectl, TENANT, namespace, manifest(spec))
+    assert result.returncode == 0, result.stderr
+
+
 def test_node_warming_needs_what_a_daemonset_needs(kubectl, policy: None, tenant_namespace: str) -> None:
     """A warmer pod of the serving image lands on every node the replicas can land on, needing no GPU."""
-    warming = {"coldStart": {"nodeWarming": {"enabled": True}}}
-    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(warming)))
-    assert message.startswith(
-        f"spec.coldStart.nodeWarming.enabled: {TENANT} may not run a pod on every node"
-    ), message
-    rule = {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["create"]}
-    bind(kubectl, tenant_namespace, TENANT, rule, "daemonsets")
-    result = apply_as(kubectl, TENANT, tenant_namespace, manifest(warming))
-    assert result.returncode == 0, result.stderr
+    refused_until_granted(
+        kubectl,
+        tenant_namespace,
+        {"coldStart": {"nodeWarming": {"enabled": True}}},
+        f"spec.coldStart.nodeWarming.enabled: {TENANT} may not run a pod on every node",
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["create"]},
+        "daemonsets",
+    )
 
 
 def test_peer_weights_need_what_writing_network_policies_needs(
     kubectl, policy: None, tenant_namespace: str
 ) -> None:
     """stoker writes the peer ports' NetworkPolicies, one of which opens the serving port to every pod."""
-    peers = {"coldStart": {"peerWeights": {"enabled": True}}}
-    message = refusal(apply_as(kubectl, TENANT, tenant_namespace, manifest(peers)))
-    assert message.startswith(
-        f"spec.coldStart.peerWeights.enabled: {TENANT} may not have stoker write NetworkPolicies"
-    ), message
-    rule = {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]}
-    bind(kubectl, tenant_namespace, TENANT, rule, "networkpolicies")
-    result = apply_as(kubectl, TENANT, tenant_namespace, manifest(peers))
-    assert result.returncode == 0, result.stderr
+    refused_until_granted(
+        kubectl,
+        tenant_namespace,
+        {"coldStart": {"peerWeights": {"enabled": True}}},
+        f"spec.coldStart.peerWeights.enabled: {TENANT} may not have stoker write NetworkPolicies",
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
+        "networkpolicies",
+    )
 
 
 # ------------------------------------------------------------------------------------- what is allowed

@@ -13,6 +13,7 @@ the standard library only, and nothing of stoker but this package and stoker.gua
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -47,6 +48,14 @@ def working_directory_first() -> bool:
     return not getattr(sys.flags, "safe_path", False)
 
 
+def _find_package(name: str) -> importlib.machinery.ModuleSpec | None:
+    """The image's top-level package `name`, found, not imported; None if it has none (or a broken one)."""
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
 def pin_ptxas(environ: MutableMapping[str, str] = os.environ) -> str:
     """Point TRITON_PTXAS_PATH at torch's own ptxas before vLLM starts, unless it is set; returns a line
     that says what it did.
@@ -59,10 +68,7 @@ def pin_ptxas(environ: MutableMapping[str, str] = os.environ) -> str:
     start of every role keys them alike. Found without importing torch."""
     if PTXAS_ENV in environ:
         return f"{PTXAS_ENV}={environ[PTXAS_ENV]} (set already)"
-    try:
-        torch = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        torch = None
+    torch = _find_package("torch")
     for directory in (torch.submodule_search_locations or []) if torch else []:
         ptxas = os.path.join(directory, "bin", "ptxas")
         if os.path.isfile(ptxas) and os.access(ptxas, os.X_OK):
@@ -83,10 +89,7 @@ def keep_bytecode(directory: str, environ: MutableMapping[str, str] = os.environ
     ignore it. Found without importing vLLM."""
     if PYCACHE_PREFIX_ENV in environ:
         return f"{PYCACHE_PREFIX_ENV}={environ[PYCACHE_PREFIX_ENV]} (set already)"
-    try:
-        vllm = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
-        vllm = None
+    vllm = _find_package("vllm")
     if vllm is None or not vllm.origin or not vllm.has_location:
         return "bytecode: no vllm package found, nothing set"
     if os.path.exists(importlib.util.cache_from_source(vllm.origin)):
