@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -101,7 +102,10 @@ def model_and_cache_volumes(kubectl: Kubectl, namespace: str, root: Path, python
     to the compile-cache claim stoker creates for SERVICE. Returns (model dir, cache dir)."""
     models, cache = root / "models", root / "cache"
     if not (models / SERVED_NAME / "config.json").exists():
-        subprocess.run([str(python), tiny_model.__file__, models / SERVED_NAME], check=True)
+        # Its output to stderr: `--demo` prints a manifest on stdout.
+        subprocess.run(
+            [str(python), tiny_model.__file__, models / SERVED_NAME], check=True, stdout=sys.stderr
+        )
     cache.mkdir(parents=True, exist_ok=True)
     # The engine runs as uid 1000; hostPath volumes take no fsGroup. (safetensors writes its file 0600.)
     for directory in (root, models, models / SERVED_NAME):
