@@ -313,11 +313,9 @@ class Bench:
             STOKER_CLUSTER_PORT_BASE=os.environ.get("STOKER_REALNODE_PORT_BASE", "31000"),
             STOKER_POD_CIDR="10.250.0.0/16",
         )
+        self.kubectl = kubectl_in(self.env)  # sees what up() adds to self.env
         self.logs = WORK / "logs"
         self.operator: subprocess.Popen[bytes] | None = None
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> Any:
-        return kubectl_in(self.env)(*args, input=input, check=check, timeout=timeout)
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("-n", NAMESPACE, "get", *args, "-o", "json").stdout)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import posixpath
-import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.controller.objects import parse_time
 from stoker.inpod.seed import MODEL_PATH_MISSING_LINE
+from stoker.untrusted import printable
 
 Manifest = dict[str, Any]
 
@@ -56,7 +55,6 @@ UNSCHEDULABLE_GRACE_SECONDS = 60.0
 # to printable characters.
 LOG_TAIL_LINES = 5
 LOG_TAIL_CHARS = 600
-_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 @dataclass(frozen=True)
@@ -176,14 +174,9 @@ def pod_problem(pod: Manifest, of_seed: bool, now: dt.datetime) -> Problem | Non
 
 def log_tail(log: str) -> str:
     """The last lines of untrusted pod output that say something, printable and bounded, on one line."""
-    lines = [_printable(_TERMINAL_ESCAPE.sub("", line)).strip() for line in log.splitlines()]
+    lines = [printable(line).strip() for line in log.splitlines()]
     tail = " | ".join([line for line in lines if line][-LOG_TAIL_LINES:])
     return tail if len(tail) <= LOG_TAIL_CHARS else "..." + tail[-LOG_TAIL_CHARS:]
-
-
-def _printable(text: str) -> str:
-    """Without control and format characters (terminal escapes, bidirectional overrides)."""
-    return "".join(c for c in text if not unicodedata.category(c).startswith("C"))
 
 
 def _missing_model_path(pod: Manifest) -> str | None:

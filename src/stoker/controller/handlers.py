@@ -138,15 +138,10 @@ def register(queue: WorkQueue, startups: WorkQueue) -> None:
             startups.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
 
     # coldStart.peerWeights: the peer EndpointSlices list the Ready serving pods, so these pods' every change
-    # (turning unready, going away, a new IP) is news, not only their turning Ready.
+    # (turning unready, going away, a new IP) is news for the reconcile, not only their turning Ready.
     @kopf.on.event("v1", "pods", labels={**MANAGED, PEER_LABEL: "true"}, id="peer")
-    async def peer_pod_changed(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        owner = labels.get(INSTANCE_LABEL)
-        if owner:
-            queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)
-
     @kopf.on.event("v1", "pods", labels=MANAGED, when=pod_in_trouble, id="troubled")
-    async def pod_troubled(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def pod_worth_a_pass(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         owner = labels.get(INSTANCE_LABEL)
         if owner:
             queue.add((str(namespace), owner), resync=False, delay=CHILD_EVENT_DELAY_SECONDS)

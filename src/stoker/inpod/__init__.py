@@ -82,11 +82,12 @@ def keep_bytecode(directory: str, environ: MutableMapping[str, str] = os.environ
     this process and the server's, and let them write it; returns a line that says what it did.
 
     Why: an image installed by uv (the upstream vLLM image) has no .pyc files, and the engine, not root,
-    cannot write them beside the image's files, so every start compiles some 5,000 modules again: 41 s of
-    imports on this project's CPU host instead of 11 s (docs/in-pod-programs.md). Under a prefix on the
-    volume the seed compiles them once and serving pods load them; Python checks each against its source's
-    mtime and size, as it would in the image. An image with bytecode is left alone: a prefix would make Python
-    ignore it. Found without importing vLLM."""
+    cannot write them beside the image's files, so every start compiles some 5,000 modules again: the API
+    server's imports took 29.4 s instead of 15.5 s on this project's CPU host (medians,
+    bench/results/bytecode-imports-cpu.txt). Under a prefix on the volume the seed compiles them once and
+    serving pods load them; Python checks each against its source's mtime and size, as it would in the
+    image. An image with bytecode is left alone: a prefix would make Python ignore it. Found without
+    importing vLLM."""
     if PYCACHE_PREFIX_ENV in environ:
         return f"{PYCACHE_PREFIX_ENV}={environ[PYCACHE_PREFIX_ENV]} (set already)"
     vllm = _find_package("vllm")

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from stoker.untrusted import printable
+
 WeightsSource = Literal["peer", "storage"]
 
 LOADER_STARTING = "MxModelLoader starting"
@@ -30,7 +32,6 @@ MAX_RANKS = 64
 MAX_TRANSFER_SECONDS = 86_400.0
 MAX_GIGABYTES = 100_000.0
 REASON_LIMIT = 256
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,8 @@ class WeightsTracker:
         elif TRANSFER_COMPLETE in message:
             self._transfer(message)
         elif PEER_FAILED in message and self.fallback_reason is None:
-            reason = _CONTROL.sub(" ", message.split(PEER_FAILED, 1)[1]).strip()
+            lines = message.split(PEER_FAILED, 1)[1].splitlines()
+            reason = " ".join(printable(line) for line in lines).strip()
             self.fallback_reason = reason[:REASON_LIMIT] or "unknown"
 
     def _transfer(self, message: str) -> None:
