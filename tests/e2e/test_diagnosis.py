@@ -4,6 +4,9 @@ The scheduler is the real one, on kwok nodes: a pod it cannot place carries its 
 and message. kwok runs no containers, so what a kubelet would report of them (an OOM kill, a failed seed's
 log tail in its termination message) comes from kwok stages asked for through the pod's env
 (hack/kwok/stages.yaml: KWOK_SIMULATE_FAILURE, KWOK_SIMULATE_FAILURE_REASON, KWOK_SIMULATE_FAILURE_LOG).
+
+The scheduler's first message for a pod may name a claim not yet bound; the condition follows its later
+messages, so every test here waits for the message it expects rather than reading the first one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ def test_a_pod_the_scheduler_cannot_place_stops_progress_with_the_schedulers_mes
 ):
     seed, runtime, said = UNSCHEDULABLE[case]
     apply(kubectl, namespace, qwen("unplaced", seed, **runtime))
-    # The scheduler's message may first name a claim not yet bound; the condition follows its later one.
     svc = wait_condition(kubectl, namespace, "unplaced", "Progressing", "False", "Unschedulable", says=said)
     message = condition(svc, "Progressing")["message"]
     assert message.startswith(f"Pod {namespace}/unplaced-"), message
@@ -65,31 +67,28 @@ def tainted_node(kubectl: Any) -> Any:
 
 def test_a_taint_the_pods_do_not_tolerate_is_named(namespace, kubectl, operator, tainted_node):
     apply(kubectl, namespace, qwen("tainted", False, nodeSelector={"pool": tainted_node}))
-    svc = wait_condition(kubectl, namespace, "tainted", "Progressing", "False", "Unschedulable")
-    assert "untolerated taint" in condition(svc, "Progressing")["message"]
+    taint = "untolerated taint"
+    wait_condition(kubectl, namespace, "tainted", "Progressing", "False", "Unschedulable", says=taint)
 
 
 def test_an_unschedulable_pod_degrades_after_the_documented_grace(namespace, kubectl, operator):
     apply(kubectl, namespace, qwen("waits", False, nodeSelector={"pool": "none-such"}))
-    svc = wait_condition(kubectl, namespace, "waits", "Progressing", "False", "Unschedulable")
+    affinity = "didn't match Pod's node affinity"
+    svc = wait_condition(kubectl, namespace, "waits", "Progressing", "False", "Unschedulable", says=affinity)
     assert condition(svc, "Degraded")["status"] == "False"  # a cluster autoscaler may add the node
     began = time.monotonic()
-    svc = wait_condition(
-        kubectl, namespace, "waits", "Degraded", "True", "Unschedulable", UNSCHEDULABLE_GRACE_SECONDS + 30
-    )
-    assert time.monotonic() - began <= UNSCHEDULABLE_GRACE_SECONDS + 30
-    assert "didn't match Pod's node affinity" in condition(svc, "Degraded")["message"]
+    grace = UNSCHEDULABLE_GRACE_SECONDS + 30
+    wait_condition(kubectl, namespace, "waits", "Degraded", "True", "Unschedulable", grace, says=affinity)
+    assert time.monotonic() - began <= grace
 
 
 def test_a_missing_model_claim_is_named_while_the_seed_waits(namespace, kubectl, operator):
     manifest = qwen("noclaim", True)
     manifest["spec"]["model"]["source"] = {"pvc": {"claimName": "models", "path": "/llama"}}
     apply(kubectl, namespace, manifest)
-    svc = wait_condition(kubectl, namespace, "noclaim", "Progressing", "False", "Unschedulable")
-    message = condition(svc, "Progressing")["message"]
-    assert (
-        f"Pod {namespace}/noclaim-seed-" in message and 'persistentvolumeclaim "models" not found' in message
-    )
+    missing = 'persistentvolumeclaim "models" not found'
+    svc = wait_condition(kubectl, namespace, "noclaim", "Progressing", "False", "Unschedulable", says=missing)
+    assert f"Pod {namespace}/noclaim-seed-" in condition(svc, "Progressing")["message"]
 
 
 def failing_seed(name: str, **failure: str) -> dict[str, Any]:
