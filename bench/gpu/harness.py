@@ -59,10 +59,12 @@ def host_env() -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         # The bundle leaves flashinfer out: vLLM's PyTorch sampler instead, for every profile alike.
         VLLM_USE_FLASHINFER_SAMPLER="0",
-        # Multi-GPU hosts here are shared: NVLink multicast stays off (a no-op on one GPU).
+        # Multi-GPU hosts here are shared: NVLink multicast stays off (a no-op on one GPU), and with it
+        # vLLM's symmetric-memory all-reduce, which needs multicast.
         NCCL_NVLS_ENABLE="0",
         TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
         NVSHMEM_DISABLE_NVLS="1",
+        VLLM_ALLREDUCE_USE_SYMM_MEM="0",
     )
     return env
 

@@ -68,6 +68,7 @@ class Variant:
 
 LOADER_KEYS = ("format", "concurrency", "readAhead")
 MEGA_AOT = {"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "1"}]}}
+NO_MEGA_AOT = {"runtime": {"env": [{"name": "VLLM_USE_MEGA_AOT_ARTIFACT", "value": "0"}]}}
 
 
 def _previous_with(**changes: Any) -> dict[str, Any]:
@@ -149,6 +150,10 @@ VARIANTS: dict[str, Variant] = {
     "stoker-mega-aot": Variant(spec=MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=1 (its own seed)"),
     "stoker-mega-aot-warm": Variant(
         spec=MEGA_AOT, warm_node=True, note="stoker-mega-aot on a node stoker warmed"
+    ),
+    # Since run 3 (docs/benchmarks/h200.md) the artifact is the 0.26 default: this is the default before.
+    "stoker-no-mega-aot": Variant(
+        spec=NO_MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=0, the 0.26 default before run 3"
     ),
     "stoker-mega-aot-stacks": Variant(
         spec=MEGA_AOT,
@@ -282,7 +287,8 @@ def serve_invocation(svc: VLLMService, profile: str) -> Invocation:
 
 
 def stock_invocation(svc: VLLMService) -> Invocation:
-    """Plain `vllm serve MODEL` with the user's own settings; the model path is the one stoker serves."""
+    """Plain `vllm serve MODEL` with the user's own settings (its runtime.env included); the model path is
+    the one stoker serves."""
     rendered = engine_invocation(svc, "serve")
     served = served_model_name(svc)
     args = [rendered.args[0], "--served-model-name", served]
@@ -293,8 +299,9 @@ def stock_invocation(svc: VLLMService) -> Invocation:
         args += ["--max-model-len", str(runtime.max_model_len)]
     if runtime.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
+    env = {var.name: var.value for var in runtime.env if var.value is not None}
     return Invocation(
-        argv=[*rendered.command, *args], env={}, port=8000, served_model_name=served, cache_mount_path=None
+        argv=[*rendered.command, *args], env=env, port=8000, served_model_name=served, cache_mount_path=None
     )
 
 
