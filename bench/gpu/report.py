@@ -3,7 +3,7 @@
 Every log is parsed with `stoker.phases.parse_log`, the parser the operator runs on pod logs, so the phases
 in the results are the ones the operator would report. Needs matplotlib for the chart.
 
-usage: PYTHONPATH=src python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchmarks/gpu-coldstart.md]
+usage: PYTHONPATH=src:. python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchmarks/gpu-coldstart.md]
                                                     [--rename OLD=NEW,...]
   RUN_DIR holds runs.jsonl, host.json, model.json and logs/ (as coldstart.py writes them), and driver*.log
   and importtime*.txt if there are any; NAME is the results' base name, e.g. coldstart-h100-v0.26.0:
@@ -16,6 +16,7 @@ usage: PYTHONPATH=src python bench/gpu/report.py RUN_DIR NAME [--doc docs/benchm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import shutil
@@ -25,6 +26,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from bench.predictor.shapes import CHECKPOINTS, describe
 from profiles import DEFAULT_PROFILE
 
 from stoker.inpod.seed import first_start
@@ -37,10 +39,6 @@ SERVER_UP = "serverUp"
 # The seed Job's run: its ready time is how long seeding takes, not a start to compare with stock.
 SEED = "stoker-seed"
 CHART_PHASES = (*ENGINE_PHASES, SERVER_UP)
-MODEL = (
-    "synthetic Llama-3.1-8B-shaped checkpoint (32 layers, hidden 4096, GQA 32/8, vocab 128256, bf16, "
-    "random weights; bench/gpu/make_model.py)"
-)
 
 
 def run_entry(record: dict[str, Any], log_path: Path) -> dict[str, Any]:
@@ -235,6 +233,8 @@ def main() -> None:
     parser.add_argument("--doc", type=Path, help="markdown file whose results table to replace")
     parser.add_argument("--title", help="chart title (default: the vLLM version and GPU of host.json)")
     parser.add_argument("--rename", type=renames, default={}, help="OLD=NEW,...: profiles to rename")
+    parser.add_argument("--checkpoint", choices=CHECKPOINTS, help="make_model.py's, if model.json has none")
+    parser.add_argument("--layers", type=int, help="make_model.py's layers, if model.json has none")
     args = parser.parse_args()
     lines = (args.run_dir / "runs.jsonl").read_text().splitlines()
     records = renamed([json.loads(line) for line in lines if line], args.rename)
@@ -255,10 +255,13 @@ def main() -> None:
         gzip_copy(imports, logs_out / f"{imports.name}.gz")
     host = json.loads((args.run_dir / "host.json").read_text())
     model = json.loads((args.run_dir / "model.json").read_text())
+    # make_model.py names its checkpoint in model.json since the 70B shape; earlier runs wrote the 8B.
+    published = CHECKPOINTS[model.get("checkpoint", args.checkpoint or "llama-8b")]
+    shape = dataclasses.replace(published, layers=model.get("layers", args.layers or published.layers))
     summary = summarize(runs)
     document = {
         "gpu": host["gpu"],
-        "model": {"description": MODEL, "bytes": model["bytes"]},
+        "model": {"description": describe(shape), "bytes": model["bytes"]},
         "vllm": host["vllm"],
         "default": DEFAULT_PROFILE,
         # The profile started on a node stoker warmed (coldstart.py), when the run had one.
@@ -271,7 +274,7 @@ def main() -> None:
     }
     (RESULTS / f"{args.name}.json").write_text(json.dumps(document, indent=1) + "\n")
     gpu = host["gpu"].split(",")[0]
-    title = args.title or f"vLLM {host['vllm']} cold start, 8B model, {gpu}, page cache dropped"
+    title = args.title or f"vLLM {host['vllm']} cold start, {shape.name} ({shape.layers} layers), {gpu}"
     chart(summary, phase_order(runs), title, RESULTS / f"{args.name}.png")
     markdown = table(summary)
     print(markdown)

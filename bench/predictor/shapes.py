@@ -7,6 +7,7 @@ every dimension that varies: the predictor is judged on interpolation, as a flee
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,6 +52,28 @@ CPU_SHAPES = (
 
 SHAPES = {shape.name: shape for shape in (*H100_SHAPES, *CPU_SHAPES)}
 
+# The GPU benchmarks' published shapes (bench/gpu/make_model.py); a run may keep fewer of their layers, e.g.
+# 34 of Llama-3.1-70B's 80: 62.4 GB, a checkpoint that needs two GPUs.
+CHECKPOINTS = {
+    "llama-8b": Shape("llama-8b", 32, 4096, 14336, 32, 8, 128256),
+    "llama-70b": Shape("llama-70b", 80, 8192, 28672, 64, 8, 128256),
+}
+# Checkpoint shards of about this size, as published checkpoints have, and at least this many.
+SHARD_BYTES = 5 * 10**9
+MIN_SHARDS = 4
+BF16_BYTES = 2
+
+
+def describe(shape: Shape) -> str:
+    """What a results file says of a synthetic checkpoint of `shape`."""
+    published = CHECKPOINTS.get(shape.name)
+    kept = f"{shape.layers} of {published.layers}" if published and published.layers != shape.layers else ""
+    return (
+        f"synthetic {shape.name}-shaped checkpoint ({kept or shape.layers} layers, hidden {shape.hidden}, "
+        f"GQA {shape.heads}/{shape.kv_heads}, vocab {shape.vocab}, bf16, random weights; "
+        "bench/gpu/make_model.py)"
+    )
+
 
 def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every weight of a Llama checkpoint of `shape`, by name, in the order the model writers store them."""
@@ -69,6 +92,21 @@ def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield prefix + "post_attention_layernorm.weight", (hidden,)
     yield "model.norm.weight", (hidden,)
     yield "lm_head.weight", (shape.vocab, hidden)
+
+
+def sharded(shape: Shape) -> list[tuple[str, tuple[int, ...], int]]:
+    """Every weight of `shape` with the number (1-based) of the shard it goes to: shards of about
+    SHARD_BYTES, at least MIN_SHARDS, each weight in the shard where its first byte falls, so that every
+    numbered shard is written."""
+    weights = list(tensor_shapes(shape))
+    sizes = [BF16_BYTES * math.prod(dims) for _, dims in weights]
+    shards = max(MIN_SHARDS, -(-sum(sizes) // SHARD_BYTES))
+    per_shard = sum(sizes) / shards
+    plan, offset = [], 0
+    for (name, dims), size in zip(weights, sizes, strict=True):
+        plan.append((name, dims, min(shards, 1 + int(offset // per_shard))))
+        offset += size
+    return plan
 
 
 def llama_config(shape: Shape, max_len: int, rope_theta: float) -> dict[str, object]:
