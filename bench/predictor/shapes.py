@@ -7,6 +7,7 @@ every dimension that varies: the predictor is judged on interpolation, as a flee
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,17 +97,15 @@ def tensor_shapes(shape: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 def sharded(shape: Shape) -> list[tuple[str, tuple[int, ...], int]]:
     """Every weight of `shape` with the number (1-based) of the shard it goes to: shards of about
-    SHARD_BYTES, at least MIN_SHARDS, each weight in the shard where its first byte falls, so that every
-    numbered shard is written."""
+    SHARD_BYTES, MIN_SHARDS where no weight is larger than a shard, each weight in the shard where its first
+    byte falls, numbered without gaps."""
     weights = list(tensor_shapes(shape))
     sizes = [BF16_BYTES * math.prod(dims) for _, dims in weights]
-    shards = max(MIN_SHARDS, -(-sum(sizes) // SHARD_BYTES))
-    per_shard = sum(sizes) / shards
-    plan, offset = [], 0
-    for (name, dims), size in zip(weights, sizes, strict=True):
-        plan.append((name, dims, min(shards, 1 + int(offset // per_shard))))
-        offset += size
-    return plan
+    per_shard = sum(sizes) / max(MIN_SHARDS, -(-sum(sizes) // SHARD_BYTES))
+    starts = itertools.accumulate(sizes[:-1], initial=0)
+    slots = [int(start // per_shard) for start in starts]
+    number = {slot: index + 1 for index, slot in enumerate(sorted(set(slots)))}
+    return [(name, dims, number[slot]) for (name, dims), slot in zip(weights, slots, strict=True)]
 
 
 def llama_config(shape: Shape, max_len: int, rope_theta: float) -> dict[str, object]:
