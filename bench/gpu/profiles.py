@@ -57,6 +57,8 @@ class Variant:
     request: int | None = None
     # False: vLLM runs with its garbage collector on during its imports (exec'd, as before 2026-11-24).
     defer_gc: bool = True
+    # False: vLLM's imports run without stoker.inpod.import_fixes.
+    import_fixes: bool = True
     # After the usual probes: sleep (level 1), wake up, and serve again.
     sleep_check: bool = False
     # Started on a node stoker warmed (coldstart.py: harness.warm_node, what the node warmer keeps resident).
@@ -126,6 +128,11 @@ VARIANTS: dict[str, Variant] = {
         defer_gc=False,
         note="stoker with vLLM exec'd, its garbage collector on during its imports and its heap not frozen "
         "for the engine process",
+    ),
+    "stoker-no-import-fixes": Variant(
+        import_fixes=False,
+        note="stoker without the import fixes (transformers' models scanned twice, torch's get_source "
+        "reading source lines)",
     ),
     "stoker-nopages": Variant(
         import_pages=False,
@@ -244,7 +251,9 @@ def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
     else:
         gentle = GENTLE_BYTES if variant.gentle is None else variant.gentle
         request = WIDE_REQUEST_BYTES if variant.request is None else variant.request
-        rendered = serving_invocation(svc, gentle, variant.import_pages, request, variant.defer_gc)
+        rendered = serving_invocation(
+            svc, gentle, variant.import_pages, request, variant.defer_gc, variant.import_fixes
+        )
     args = _with_compilation(list(rendered.args), variant.compilation) + list(variant.extra_args)
     port = _flag_value(args, "--port")
     served = _flag_value(args, "--served-model-name")

@@ -1,9 +1,10 @@
 """The serving command stoker renders for weights on a volume, run as a real vLLM process (CPU build of the
 default version): the read-ahead wrapper with `--gc deferred` runs vLLM's console script in its own process
-(no "exec'd" fallback line), and the server answers /health and a completion, its log read by stoker's
-parser as `make conformance` checks it (bench/conformance/matrix.run_role, the harness's swaps only: a tiny
-local checkpoint, a free port, local cache dirs). The GPU runs measured this wrapper
-(bench/results/coldstart-h100.json); this keeps it working on a real engine."""
+(no "exec'd" fallback line) with both import fixes applied, and the server answers /health and a
+completion, its log read by stoker's parser as `make conformance` checks it
+(bench/conformance/matrix.run_role, the harness's swaps only: a tiny local checkpoint, a free port, local
+cache dirs). The GPU runs measured this wrapper (bench/results/coldstart-h100.json); this keeps it working
+on a real engine."""
 
 from __future__ import annotations
 
@@ -49,3 +50,4 @@ def test_the_read_ahead_runs_vllm_in_its_own_process_with_the_collector_deferred
     log = (tmp_path / "serve.log").read_text(encoding="utf-8")
     assert "stoker read-ahead:" in log
     assert "exec'd" not in log
+    assert "import fixes applied: torch._library.utils, transformers.utils.import_utils" in log

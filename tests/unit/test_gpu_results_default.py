@@ -9,7 +9,9 @@ and the default's serving starts of those runs compiled none (tests/unit/test_pi
 seed's `--empty CACHE` (2026-11-28), for runs before it: the GPU runs seeded into an empty directory anyway,
 which is what it makes of the volume. So is the wrappers' `--bytecode DIR` (2026-11-28): it sets
 anything only where the image has no bytecode for vLLM, and stoker's image, which these runs ran, has it.
-Every run here
+So is `--import-fixes` (2026-11-28): the fixed modules build what the unfixed ones do
+(tests/conformance/test_import_fixes_libraries.py), with less CPU (bench/results/import-fixes-cpu.txt);
+no GPU run has measured it yet. Every run here
 predates the mega AOT artifact as stoker's 0.26 default (2026-11-28), so each is rendered as stoker rendered
 0.26 before it; the run that measured it (`coldstart-h200-run3`, as `stoker-mega-aot-warm`) is what the
 default renders now on a warmed node."""
@@ -45,7 +47,7 @@ MANIFEST = REPO / "bench" / "gpu" / "llama-8b.json"
 
 PIN = "--pin-ptxas"
 # Options the wrappers gained after runs that predate them, and how many arguments each takes.
-LATER_OPTIONS = {PIN: 0, "--empty": 1, "--bytecode": 1}
+LATER_OPTIONS = {PIN: 0, "--empty": 1, "--bytecode": 1, "--import-fixes": 0}
 
 
 def without_program(argv: list[str]) -> list[str]:

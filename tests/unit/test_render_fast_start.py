@@ -41,8 +41,9 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
     gentle = ["--gentle", str(GENTLE_BYTES), "--request", str(WIDE_REQUEST_BYTES)]
     # First the pages the seed recorded (same cache key, so the same image), then the checkpoint.
     pages = ["--pages", f"/var/cache/vllm/stoker/import-pages-{short_cache_key(svc)}"]
-    # vLLM runs in the wrapper's process, its garbage collector off until its imports are done, with
-    # torch's ptxas as the seed's (tests/unit/test_pin_ptxas.py).
+    # vLLM runs in the wrapper's process, its garbage collector off until its imports are done, its imports
+    # fixed (tests/conformance/test_import_fixes_libraries.py), with torch's ptxas as the seed's
+    # (tests/unit/test_pin_ptxas.py).
     assert serving.command == [
         "python3",
         "-m",
@@ -51,6 +52,7 @@ def test_weights_on_a_volume_in_stokers_image_load_with_instanttensor_read_ahead
         *pages,
         "--gc",
         "deferred",
+        "--import-fixes",
         "--pin-ptxas",
         "--bytecode",
         BYTECODE_DIRECTORY,

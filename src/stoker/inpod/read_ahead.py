@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
 from stoker.inpod import (
+    import_fixes,
     keep_bytecode,
     options_and_command,
     pin_ptxas,
@@ -263,18 +264,23 @@ def script_of_this_python(name: str) -> str | None:
     return path if same_directory and same_binary else None
 
 
-def run_with_deferred_gc(script: str, arguments: list[str], reader: int) -> None:
+def run_with_deferred_gc(script: str, arguments: list[str], reader: int, fix_imports: bool = False) -> None:
     """Run the Python console script in this process with the cyclic garbage collector off until the server
     starts a child other than `reader` (its imports are done), then freeze what the imports built (later
     collections, the forked engine's included, skip it, as vLLM's own gc.freeze after start-up does) and turn
-    the collector on."""
+    the collector on. With `fix_imports`, its imports run with stoker.inpod.import_fixes, and which applied
+    is logged once the imports are done."""
     collecting = threading.Event()
+    fixed = import_fixes.install() if fix_imports else None
 
     def collect_from_now_on() -> None:
         if not collecting.is_set():
             collecting.set()
             gc.freeze()
             gc.enable()
+            if fixed is not None:
+                applied = ", ".join(fixed) or "none (the modules differ from what the fixes were written for)"
+                print(f"{LINE_PREFIX}import fixes applied: {applied}", file=sys.stderr, flush=True)
 
     def watch() -> None:
         while not collecting.is_set() and not server_has_child(os.getpid(), reader):
@@ -324,6 +330,12 @@ def parser() -> argparse.ArgumentParser:
         default="on",
         help="deferred: run COMMAND's console script in this process, its garbage collector off until the"
         " engine process starts (exec'd if it is not a script of this python3); on (default): exec COMMAND",
+    )
+    described.add_argument(
+        "--import-fixes",
+        action="store_true",
+        help="with --gc deferred: fix what COMMAND's imports do twice or needlessly, with the same results"
+        " (stoker.inpod.import_fixes)",
     )
     described.add_argument(
         "--pin-ptxas",
@@ -402,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         read_in_this_child(server, settings.paths, settings.gentle, settings.request, settings.pages)
     script = script_of_this_python(command[0]) if settings.gc == "deferred" else None
     if script:
-        run_with_deferred_gc(script, command[1:], reader)
+        run_with_deferred_gc(script, command[1:], reader, settings.import_fixes)
         return 0
     if settings.gc == "deferred":
         print(f"stoker: {command[0]} is not a script of {sys.executable}: exec'd", file=sys.stderr)

@@ -63,21 +63,28 @@ BYTECODE_DIRECTORY = f"{CACHE_MOUNT_PATH}/stoker/bytecode"
 
 
 def read_ahead_command(
-    paths: list[str], gentle: int = GENTLE_BYTES, pages: str = "", request: int = 0, defer_gc: bool = False
+    paths: list[str],
+    gentle: int = GENTLE_BYTES,
+    pages: str = "",
+    request: int = 0,
+    defer_gc: bool = False,
+    import_fixes: bool = False,
 ) -> list[str]:
     """The command that runs the read-ahead (stoker.inpod.read_ahead) over `paths` (after the pages listed
     in `pages`, if given; in requests of at most `request` bytes, if given; the server in this process with
-    its garbage collector off during its imports, if `defer_gc`); the server's argv follows. The server
-    runs with torch's ptxas pinned, as the seed's does (render.seed): the Triton kernels the seed compiled
-    are keyed as these pods look them up; and with the seed's bytecode where the image has none."""
+    its garbage collector off during its imports, if `defer_gc`, and then with stoker.inpod.import_fixes,
+    if `import_fixes`); the server's argv follows. The server runs with torch's ptxas pinned, as the seed's
+    does (render.seed): the Triton kernels the seed compiled are keyed as these pods look them up; and with
+    the seed's bytecode where the image has none."""
     options = ["--gentle", str(gentle), *(["--request", str(request)] if request else [])]
+    in_process = ["--gc", "deferred", *(["--import-fixes"] if import_fixes else [])] if defer_gc else []
     return [
         "python3",
         "-m",
         read_ahead.__name__,
         *options,
         *(["--pages", pages] if pages else []),
-        *(["--gc", "deferred"] if defer_gc else []),
+        *in_process,
         "--pin-ptxas",
         "--bytecode",
         BYTECODE_DIRECTORY,
@@ -105,17 +112,19 @@ def serving_invocation(
     import_pages: bool = True,
     request: int = WIDE_REQUEST_BYTES,
     defer_gc: bool = True,
+    import_fixes: bool = True,
 ) -> EngineInvocation:
     """The serving pods' invocation: vLLM as engine_invocation renders it, under the read-ahead where
     `reads_ahead` says so (reading the seed's import pages first, unless `import_pages` is off; running
-    vLLM with its garbage collector off until its imports are done, unless `defer_gc` is off). The wrapper
+    vLLM with its garbage collector off until its imports are done, unless `defer_gc` is off, and the
+    import fixes, unless `import_fixes` is off). The wrapper
     is outside the compile-cache key's factors (render.cachekey reads engine_invocation): it changes what is
     in the page cache and when Python collects, not what vLLM compiles."""
     engine = engine_invocation(svc, "serve")
     if not reads_ahead(svc):
         return engine
     pages = import_pages_listing(svc) if import_pages else ""
-    wrapper = read_ahead_command(read_ahead_paths(svc), gentle, pages, request, defer_gc)
+    wrapper = read_ahead_command(read_ahead_paths(svc), gentle, pages, request, defer_gc, import_fixes)
     env = dict(engine.env)
     if load_format(svc) == INSTANTTENSOR:
         # InstantTensor reads with direct I/O by default, which would pass the read-ahead's page cache by.
