@@ -14,7 +14,7 @@ from stoker.inpod.host import measure_host
 from stoker.predict import EngineSettings, ModelFacts, Observation, PhaseFit, fit, parse_facts_line, predict
 from stoker.predict.fleet import expected_status
 from stoker.predict.model import CoefficientSet, HardwareClass, HostFacts
-from stoker.predict.predictor import IMPORT_PAGES_DISK_SHARE, host_factor
+from stoker.predict.predictor import GENTLE_READ_BYTES_PER_SECOND, IMPORT_PAGES_DISK_SHARE, host_factor
 
 REFERENCE = HostFacts(cpu_seconds=0.10, disk_bytes_per_second=1.3e9, gpu_product="NVIDIA-H100-80GB-HBM3")
 # A host with a core 1.4 times as fast and a disk of 1.0 GB/s.
@@ -129,25 +129,34 @@ def test_each_phase_scales_with_the_host_fact_it_depends_on() -> None:
 
 
 def test_after_the_read_ahead_weights_wait_for_what_the_disk_has_not_read() -> None:
+    eager = READ_AHEAD.model_copy(update={"gentle_read_ahead": False})
     coefficients = COEFFICIENTS.model_copy(
         update={
             "phases": {
-                "bootstrap": {"readahead=gentle": PhaseFit(intercept=10.0, samples=3)},
-                "weightLoad": {"loader=auto,readahead,gentle": PhaseFit(intercept=2.0, samples=3)},
+                "bootstrap": {
+                    "readahead=gentle": PhaseFit(intercept=10.0, samples=3),
+                    "readahead=on": PhaseFit(intercept=10.0, samples=3),
+                },
+                "weightLoad": {
+                    "loader=auto,readahead,gentle": PhaseFit(intercept=2.0, samples=3),
+                    "loader=auto,readahead": PhaseFit(intercept=2.0, samples=3),
+                },
             }
         }
     )
-    # 16 GB at 2 GB/s is read in 8 s, before the 10 s of bootstrap end: the weights come from memory.
-    fast_disk = predict(
-        model(HostFacts(cpu_seconds=0.1, disk_bytes_per_second=2e9)), READ_AHEAD, coefficients
-    )
-    assert fast_disk.phases["weightLoad"] == pytest.approx(2.0)
-    # At 1.3 GB/s the disk needs 12.3 s, at 0.8 GB/s 20 s: the load ends then.
-    assert predict(model(REFERENCE), READ_AHEAD, coefficients).phases["weightLoad"] == pytest.approx(
-        2.31, abs=0.01
-    )
+    fast_disk = model(HostFacts(cpu_seconds=0.1, disk_bytes_per_second=2e9))
+    # All readers from the start: 16 GB at 2 GB/s is read in 8 s, before the 10 s of bootstrap end, so the
+    # weights come from memory; at 0.8 GB/s the disk needs 20 s, and the load ends then.
+    assert predict(fast_disk, eager, coefficients).phases["weightLoad"] == pytest.approx(2.0)
     slow = model(HostFacts(cpu_seconds=0.10, disk_bytes_per_second=0.8e9))
-    assert predict(slow, READ_AHEAD, coefficients).phases["weightLoad"] == pytest.approx(20.0 - 10.0)
+    assert predict(slow, eager, coefficients).phases["weightLoad"] == pytest.approx(20.0 - 10.0)
+    # Gently: one reader reads 7 GB in the 10 s of bootstrap (GENTLE_READ_BYTES_PER_SECOND), and the disk
+    # the other 9 GB after: 4.5 s at 2 GB/s, 6.9 s at 1.3 GB/s, 11.25 s at 0.8 GB/s.
+    assert GENTLE_READ_BYTES_PER_SECOND == 0.7e9
+    assert predict(fast_disk, READ_AHEAD, coefficients).phases["weightLoad"] == pytest.approx(4.5)
+    reference = predict(model(REFERENCE), READ_AHEAD, coefficients)
+    assert reference.phases["weightLoad"] == pytest.approx(9e9 / 1.3e9, abs=0.01)
+    assert predict(slow, READ_AHEAD, coefficients).phases["weightLoad"] == pytest.approx(11.25)
 
 
 def test_the_bootstrap_after_the_import_pages_scales_with_the_cpu_in_its_cpu_part_only() -> None:

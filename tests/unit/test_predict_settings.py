@@ -51,8 +51,27 @@ def test_the_minimal_example_as_rendered() -> None:
         cache_state="hit",
         kept_cache=True,
         forked_engine=True,
+        mega_aot_artifact=True,
         engine_version=DEFAULT_ENGINE_VERSION,
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "value", "loaded"),
+    [
+        ("0.26.0", None, False),  # vLLM's default off with torch 2.11; stoker renders it on (above)
+        ("0.26.0", "1", True),
+        ("0.26.0", "0", False),
+        ("0.27.0", None, True),  # vLLM's own default from torch 2.12
+        ("0.27.0", "0", False),
+        ("0.22.1", "1", True),
+    ],
+)
+def test_the_mega_aot_artifact_reads_from_the_variable_else_the_releases_default(
+    version: str, value: str | None, loaded: bool
+) -> None:
+    env = {} if value is None else {"VLLM_USE_MEGA_AOT_ARTIFACT": value}
+    assert engine_settings(["vllm", "serve", "m"], env, "hit", version).mega_aot_artifact is loaded
 
 
 def test_the_seed_job_wrapper_argv_reads_as_its_vllm_serve() -> None:

@@ -124,6 +124,11 @@ class Capabilities:
     # these releases' loader internals is untested upstream (its docs name 0.23 and older).
     modelexpress_loader: bool = False
 
+    def loads_mega_aot_artifact(self, env_value: str | None) -> bool:
+        """Whether vLLM loads its mega AOT artifact with VLLM_USE_MEGA_AOT_ARTIFACT set to `env_value` (None:
+        unset): "1" turns it on, anything else off; unset, vLLM's own default says."""
+        return env_value == "1" if env_value is not None else self.mega_aot_artifact == "engine"
+
 
 @dataclass(frozen=True)
 class CaptureSizeDefaults:

@@ -189,6 +189,7 @@ def format_table(document: dict[str, Any]) -> str:
         f"settings: loader {loader}, {compiled}, {settings.capture_sizes} capture sizes,"
         f" tensor parallel {settings.tensor_parallel}, cache {settings.cache_state},"
         f" engine {'forked' if settings.forked_engine else 'spawned'}"
+        + (", mega AOT" if settings.mega_aot_artifact else "")
         + (", sleep mode" if settings.sleep_mode else "")
     )
     lines.append(f"coefficients: {prediction.coefficient_set} ({prediction.source})")

@@ -147,6 +147,9 @@ class EngineSettings(_Document):
     # ...running vLLM with Python's garbage collector off until its engine process starts (`--gc
     # deferred`): the imports and the engine start skip ~1,600 collections of a growing heap.
     deferred_gc: bool = False
+    # vLLM loads its mega AOT artifact (VLLM_USE_MEGA_AOT_ARTIFACT, or the release's default): on a cache hit
+    # it replaces Dynamo's tracing, and the log has no Dynamo phase.
+    mega_aot_artifact: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
     engine_version: str | None = Field(default=None, max_length=_SHORT_TEXT)
 

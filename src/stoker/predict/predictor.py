@@ -149,6 +149,10 @@ CPU_PHASES = frozenset(
 )
 WEIGHT_PHASE = "weightLoad"
 BOOTSTRAP_PHASE = "bootstrap"
+DYNAMO_PHASE = "dynamo"
+# What one gentle reader (512 KiB requests, one in flight) reads while vLLM imports: 0.7-0.8 GB/s on the H100
+# hosts (docs/benchmarks/gpu-coldstart.md, the gentle read-ahead's run 2).
+GENTLE_READ_BYTES_PER_SECOND = 0.7e9
 # The share of the Python bootstrap that waits on the disk, not the CPU, when the read-ahead reads the seed's
 # import pages first: the pages' own reads (2.6-3.8 s on every GPU host seen, at 1.2-1.9 GB/s: bound by the
 # latency of many small requests, which no host fact measures) and the imports' other cold reads. That part
@@ -192,6 +196,8 @@ def expected_phases(profile: EngineProfile, settings: EngineSettings) -> list[st
     for phase, _ in profile.phase_ends:
         if phase in COMPILE_PHASES and settings.cache_state == "none":
             continue
+        if phase == DYNAMO_PHASE and settings.mega_aot_artifact and settings.cache_state == "hit":
+            continue
         names.append(logged_phase_name(phase, settings.cache_state))
     return names
 
@@ -221,7 +227,7 @@ def predict(facts: ModelFacts, settings: EngineSettings, coefficients: Coefficie
             phase, settings, facts.host, coefficients.host
         )
         if phase == WEIGHT_PHASE and settings.read_ahead:
-            seconds = max(seconds, _unread_seconds(facts, sum(phases.values())))
+            seconds = max(seconds, _unread_seconds(facts, settings, phases))
         phases[phase] = round(max(0.0, seconds), 3)
     return Prediction(
         phases=phases,
@@ -232,12 +238,17 @@ def predict(facts: ModelFacts, settings: EngineSettings, coefficients: Coefficie
     )
 
 
-def _unread_seconds(facts: ModelFacts, elapsed: float) -> float:
-    """The read-ahead starts with the process: after `elapsed` seconds, the seconds the host's disk still
-    needs for the rest of the checkpoint (0 without its bandwidth)."""
+def _unread_seconds(facts: ModelFacts, settings: EngineSettings, phases: dict[str, float]) -> float:
+    """The read-ahead starts with the process: once `phases` have passed, the seconds the host's disk still
+    needs for the rest of the checkpoint (0 without its bandwidth). A gentle read-ahead reads at most
+    GENTLE_READ_BYTES_PER_SECOND until the engine process starts (the bootstrap's end), the disk's full rate
+    after."""
     if facts.host is None or facts.host.disk_bytes_per_second is None:
         return 0.0
-    return facts.checkpoint_bytes / facts.host.disk_bytes_per_second - elapsed
+    disk, elapsed = facts.host.disk_bytes_per_second, sum(phases.values())
+    gentle = phases.get(BOOTSTRAP_PHASE, 0.0) if settings.gentle_read_ahead else 0.0
+    read_gently = min(disk, GENTLE_READ_BYTES_PER_SECOND) * gentle
+    return (facts.checkpoint_bytes - read_gently) / disk - (elapsed - gentle)
 
 
 def _as_run_on(coefficients: CoefficientSet, settings: EngineSettings) -> EngineSettings:

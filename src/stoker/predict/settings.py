@@ -19,6 +19,7 @@ from stoker.inpod import read_ahead as read_ahead_program
 from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
 from stoker.render import prefetch
+from stoker.render.engine import MEGA_AOT_ARTIFACT_ENV
 
 _COMPILATION_CONFIG = ("--compilation-config", "-cc")
 _OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
@@ -77,6 +78,7 @@ def engine_settings(
         gentle_read_ahead=_reads_ahead_gently(args),
         import_pages=_reads_import_pages(args),
         deferred_gc=_defers_gc(args),
+        mega_aot_artifact=profile.capabilities.loads_mega_aot_artifact(env.get(MEGA_AOT_ARTIFACT_ENV)),
         engine_version=engine_version,
     )
 
