@@ -58,6 +58,9 @@ def test_the_models_directory_is_scanned_once_and_each_caller_gets_its_own_copy(
     assert standin_scanner.scans == [str(models)]
     assert first == second and first is not second
     assert applied == ["standin_scanner"]
+    # The module keeps its own loader (inspect, linecache and importlib.resources ask it).
+    assert type(standin_scanner.__loader__).__name__ == "SourceFileLoader"
+    assert standin_scanner.__spec__.loader is standin_scanner.__loader__
 
 
 def test_the_source_names_the_same_caller_without_reading_its_lines(stand_ins: Path) -> None:

@@ -11,7 +11,7 @@ module that has each runs, with the same results (issue 40; measured in bench/re
   only keeps the file name and line number, which `getframeinfo(frame, context=0)` gives alike.
 
 Each fix is applied only where the module still has the shape it was written for; otherwise the module is
-left as it is. `install` returns a reader for what was applied, for the program's log line.
+left as it is. `install` returns the list it fills with the modules fixed, for the program's log line.
 """
 
 from __future__ import annotations
@@ -68,15 +68,21 @@ FIXES: dict[str, Callable[[ModuleType], bool]] = {
 
 
 class _AfterExec(importlib.abc.Loader):
-    """Runs the module as its own loader would, then its fix."""
+    """Runs the module as its own loader would, then its fix; the module keeps its own loader."""
 
     def __init__(self, loader: importlib.abc.Loader, fix: Callable[[ModuleType], bool], applied: list[str]):
         self.loader, self.fix, self.applied = loader, fix, applied
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)  # get_source, get_filename, is_package, ...
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
         self.loader.exec_module(module)
         if self.fix(module):
             self.applied.append(module.__name__)
