@@ -23,18 +23,19 @@ cluster-build:
 	$(CLUSTER) build
 
 # The Gateway API Inference Extension's endpoint picker and its ext_proc client, for tests/e2e/test_gateway.py
-# only (2 min 44 s and about 1.3 GiB cold on 2 cores, seconds when present); the demo does not use them.
+# only (2 min 57 s cold on 2 cores after the control plane's build, seconds when present); the demo does not
+# use them.
 epp-build:
 	hack/epp build
 
-# The LeaderWorkerSet controller (sigs.k8s.io/lws), for tests/e2e/test_multinode.py (8 min cold on 2 cores,
-# seconds when present); the demo does not use it.
+# The LeaderWorkerSet controller (sigs.k8s.io/lws), for tests/e2e/test_multinode.py (2 min 12 s cold on 2 cores
+# after the control plane's build, seconds when present); the demo does not use it.
 lws-build:
 	hack/lws build
 
-# The real node: containerd, its runc shim and the pause binary (8 min cold on 2 cores, seconds when present;
-# kubelet and kube-proxy come from the control plane's go build). Where this machine cannot run a real node,
-# `hack/node check` says why, and the real-node tests say so too.
+# The real node: containerd, its runc shim and the pause binary (1 min 49 s cold on 2 cores after the control
+# plane's build, seconds when present; kubelet and kube-proxy come from the control plane's go build). Where
+# this machine cannot run a real node, `hack/node check` says why, and the real-node tests say so too.
 node-build: cluster-build
 	hack/node deps
 	if hack/node check; then hack/node build; fi
