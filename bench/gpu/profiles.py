@@ -19,7 +19,7 @@ from typing import Any
 from stoker.api import VLLMService
 from stoker.render import Role, cache_key, engine_invocation
 from stoker.render import seed_invocation as render_seed_invocation
-from stoker.render.engine import served_model_name
+from stoker.render.engine import literal_env, served_model_name
 from stoker.render.prefetch import GENTLE_BYTES, WIDE_REQUEST_BYTES, serving_invocation
 
 COMPILATION_CONFIG_FLAG = "--compilation-config"
@@ -308,9 +308,12 @@ def stock_invocation(svc: VLLMService) -> Invocation:
         args += ["--max-model-len", str(runtime.max_model_len)]
     if runtime.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(runtime.gpu_memory_utilization)]
-    env = {var.name: var.value for var in runtime.env if var.value is not None}
     return Invocation(
-        argv=[*rendered.command, *args], env=env, port=8000, served_model_name=served, cache_mount_path=None
+        argv=[*rendered.command, *args],
+        env=literal_env(svc),
+        port=8000,
+        served_model_name=served,
+        cache_mount_path=None,
     )
 
 

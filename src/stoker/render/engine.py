@@ -158,10 +158,14 @@ def engine_env(svc: VLLMService) -> dict[str, str]:
     s3 = svc.spec.model.source.s3
     if s3 is not None and s3.endpoint:
         env["AWS_ENDPOINT_URL"] = s3.endpoint
-    for var in svc.spec.runtime.env:
-        if var.value_from is None:
-            env[var.name] = var.value or ""
+    env.update(literal_env(svc))
     return env
+
+
+def literal_env(svc: VLLMService) -> dict[str, str]:
+    """runtime.env's variables that have a value in the spec (not from a Secret or ConfigMap), as the
+    container gets them: a variable without a value is empty."""
+    return {var.name: var.value or "" for var in svc.spec.runtime.env if var.value_from is None}
 
 
 def _loader_args(svc: VLLMService, role: Role, profile: EngineProfile) -> list[str]:
