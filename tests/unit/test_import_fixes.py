@@ -85,3 +85,10 @@ def test_an_uncached_scanner_is_not_wrapped() -> None:
     module = type(sys)("uncached")
     module.create_import_structure_from_path = functools.partial(dict)
     assert import_fixes.scan_models_once(module) is False
+
+
+def test_a_get_source_without_a_signature_is_left_as_it_is() -> None:
+    module = type(sys)("builtin_source")
+    module.get_source = getattr  # a builtin: inspect.signature cannot read it
+    assert import_fixes.source_without_context(module) is False
+    assert module.get_source is getattr

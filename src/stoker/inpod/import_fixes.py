@@ -49,7 +49,11 @@ def scan_models_once(module: ModuleType) -> bool:
 
 def source_without_context(module: ModuleType) -> bool:
     original = getattr(module, "get_source", None)
-    if original is None or list(inspect.signature(original).parameters) != ["stacklevel"]:
+    try:
+        parameters = list(inspect.signature(original).parameters) if callable(original) else []
+    except (TypeError, ValueError):  # no signature to read (a builtin): not the function this was written for
+        return False
+    if parameters != ["stacklevel"]:
         return False
 
     def get_source(stacklevel: int) -> str:
