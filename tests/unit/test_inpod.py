@@ -18,6 +18,7 @@ import yaml
 
 import stoker
 from stoker.api import KIND, VLLMService
+from stoker.cli import main as stoker_main
 from stoker.render import render_children
 from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from tests.unit.test_render_standby import service as standby_service
@@ -68,11 +69,13 @@ def rendered_pods(**render: Any) -> dict[str, dict[str, Any]]:
 PODS = rendered_pods()
 
 
-def test_stoker_programs_writes_the_package_tree_the_programs_import(programs: Path) -> None:
-    written = sorted(path.relative_to(programs).as_posix() for path in programs.rglob("*") if path.is_file())
+def test_stoker_programs_writes_the_package_tree_the_programs_import(tmp_path: Path) -> None:
+    # A directory of its own: the session's `programs` has run programs, and Python may have left bytecode there.
+    assert stoker_main(["programs", str(tmp_path)]) == 0
+    written = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file())
     assert written == SHIPPED
     for name in SHIPPED:
-        assert (programs / name).read_bytes() == (PACKAGE.parent / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == (PACKAGE.parent / name).read_bytes()
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
