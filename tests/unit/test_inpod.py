@@ -70,7 +70,7 @@ PODS = rendered_pods()
 
 
 def test_stoker_programs_writes_the_package_tree_the_programs_import(tmp_path: Path) -> None:
-    # A directory of its own: the session's `programs` has run programs, and Python may have left bytecode there.
+    # A directory of its own: programs have run from the session's `programs`, leaving bytecode there.
     assert stoker_main(["programs", str(tmp_path)]) == 0
     written = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file())
     assert written == SHIPPED
