@@ -20,11 +20,12 @@ import pytest
 from bench.conformance.versions import default_version, venv_path, venv_ready
 
 from stoker.cli import main as stoker_main
-from tests.e2e.helpers import create_namespace
+from tests.e2e.helpers import build_or_skip, create_namespace
 
 REPO = Path(__file__).resolve().parent.parent
 HACK_CLUSTER = REPO / "hack" / "cluster"
 HACK_NODE = REPO / "hack" / "node"
+HACK_LWS = REPO / "hack" / "lws"
 ARTIFACTS = Path(os.environ.get("STOKER_TEST_ARTIFACTS", REPO / ".artifacts" / "e2e"))
 
 
@@ -78,6 +79,24 @@ def cluster() -> Iterator[Cluster]:
     finally:
         if os.environ.get("STOKER_KEEP_CLUSTER") != "1":
             subprocess.run([HACK_CLUSTER, "down"], env=env, check=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def lws(cluster: Cluster) -> Iterator[None]:
+    """LWS's CRD and controller against the test cluster (hack/lws up), its webhooks on a port of its own;
+    for the module's tests only."""
+    build_or_skip(HACK_LWS, cluster.env, [cluster.bin_dir / "lws"])
+    # hack/cluster takes six ports from the base and hack/node five; LWS takes three more, well clear of them.
+    port = int(os.environ.get("STOKER_TEST_PORT_BASE", "24790")) + 20
+    subprocess.run(
+        [str(HACK_LWS), "up", str(cluster.work_dir), str(port)], env=cluster.env, check=True, timeout=180
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(
+            [str(HACK_LWS), "down", str(cluster.work_dir)], env=cluster.env, check=False, timeout=60
+        )
 
 
 @dataclass(frozen=True)

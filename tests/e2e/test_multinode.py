@@ -5,41 +5,19 @@ renders, the seed of the group's topology, the group's status, and a rank's pod 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hack.kwoklogs import print_recording
 
-from tests.conftest import Cluster
-from tests.e2e.helpers import build_or_skip, condition, get_json, wait_for, wait_ready
+from tests.e2e.helpers import condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-HACK_LWS = REPO / "hack" / "lws"
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 JOB_INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-@pytest.fixture(scope="module")
-def lws(cluster: Cluster) -> Iterator[None]:
-    """LWS's CRD and controller against the test cluster (hack/lws up), its webhooks on a port of its own."""
-    build_or_skip(HACK_LWS, cluster.env, [cluster.bin_dir / "lws"])
-    # hack/cluster takes six ports from the base; LWS takes three more, well clear of them.
-    port = int(os.environ.get("STOKER_TEST_PORT_BASE", "24790")) + 20
-    subprocess.run(
-        [str(HACK_LWS), "up", str(cluster.work_dir), str(port)], env=cluster.env, check=True, timeout=180
-    )
-    try:
-        yield
-    finally:
-        subprocess.run(
-            [str(HACK_LWS), "down", str(cluster.work_dir)], env=cluster.env, check=False, timeout=60
-        )
 
 
 def group_service(name: str, nodes: int, **cold_start: object) -> dict:

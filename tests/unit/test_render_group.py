@@ -170,6 +170,9 @@ def test_the_seed_runs_the_groups_layout_one_pod_per_node() -> None:
     assert flag_value(seed_args, "--master-addr") == f"{job['metadata']['name']}-0.moe-seed"
     at = seed_args.index("--group-worker")
     assert seed_args[at + 1 : at + 3] == ["JOB_COMPLETION_INDEX", "--worker-arg=--headless"]
+    # One start: the headless ranks would not join a second one of the leader's.
+    assert "--start-again" not in seed_args
+    assert "--start-again" in seed_invocation(group()).args
     # The same layout as serving: the args vLLM hashes agree, apart from the weights loader.
     profile = svc.spec.runtime.engine_profile
     serve = key_relevant_args(engine_invocation(svc, "serve").args, profile)

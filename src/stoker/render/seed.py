@@ -46,7 +46,8 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     Where the engine loads the mega AOT artifact, the seed starts the server a second time: a start that
     loads the artifact JIT-compiles Triton kernels the compiling start compiled under other cache keys
     (measured on an H200 with vLLM 0.26.0: 22 kernels, 10.7 s of every serving start;
-    docs/benchmarks/h200.md).
+    docs/benchmarks/h200.md). A multi-node seed starts once: the group's first serving start compiles those
+    kernels into the shared volume.
 
     Where serving pods read ahead, the seed pins TRITON_PTXAS_PATH as their read-ahead does
     (stoker.inpod.pin_ptxas): Triton keys a kernel by the ptxas that compiled it, and which one a process
@@ -57,7 +58,9 @@ def seed_invocation(svc: VLLMService) -> EngineInvocation:
     # leader empties the volume and seeds.
     flags = svc.spec.runtime.engine_profile.flags
     worker = ["--group-worker", JOB_INDEX_ENV, f"--worker-arg={flags.headless}"] if multi_node(svc) else []
-    again = ["--start-again"] if loads_mega_aot_artifact(svc) else []
+    # Not for a group: its headless ranks do not notice the leader's first server stop, so the leader's second
+    # start waited for ranks that never came (two real pods, vLLM 0.26.0 CPU, 2026-11-28).
+    again = ["--start-again"] if loads_mega_aot_artifact(svc) and not multi_node(svc) else []
     # As the serving pods' read-ahead does: where serving pods run vLLM bare, neither pins nor keeps bytecode.
     pin = ["--pin-ptxas", "--bytecode", BYTECODE_DIRECTORY] if reads_ahead(svc) else []
     # Emptied first: the volume may hold what another key's or another owner's pods wrote (controller/
