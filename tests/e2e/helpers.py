@@ -108,6 +108,14 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return next((c for c in conditions if c["type"] == kind), {})
 
 
+def seeded_service(kubectl: Callable[..., Any], namespace: str, name: str) -> dict[str, Any] | None:
+    """The VLLMService once its seed has filled the cache for its current key, else None."""
+    svc = get_json(kubectl, "-n", namespace, "vllmservice", name) or {}
+    cache_status = (svc.get("status") or {}).get("cache") or {}
+    key = cache_status.get("key")
+    return svc if key and cache_status.get("seededKey") == key else None
+
+
 def wait_ready(
     kubectl: Callable[..., Any], namespace: str, name: str, timeout: float = 120
 ) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from bench.realnode import (
 )
 
 from tests.conftest import Cluster, Kubectl, RealNode
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import condition, get_json, seeded_service, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -54,13 +54,11 @@ def test_a_group_across_two_pods_is_seeded_and_serves_through_the_cluster_dns(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(group_service()))
 
     # The seed: two pods of an Indexed Job; index 1 joins index 0 by its name in the seed's headless Service.
-    def seeded() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vllmservice", SERVICE) or {}
-        cache_status = (svc.get("status") or {}).get("cache") or {}
-        key = cache_status.get("key")
-        return svc if key and cache_status.get("seededKey") == key else None
-
-    wait_for(seeded, START_TIMEOUT_SECONDS, "the group's seed to fill the cache")
+    wait_for(
+        lambda: seeded_service(kubectl, namespace, SERVICE),
+        START_TIMEOUT_SECONDS,
+        "the group's seed to fill the cache",
+    )
     seeds = (get_json(kubectl, "-n", namespace, "pods", "-l", SEED) or {})["items"]
     assert seeds and all(p["spec"]["nodeName"] == real_node.name for p in seeds)
     # Each pipeline stage compiled its own layers, the worker's too (the Job ends its pod once index 0 has

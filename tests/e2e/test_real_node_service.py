@@ -26,7 +26,7 @@ from bench.realnode import (
 )
 
 from tests.conftest import Cluster, Kubectl, RealNode
-from tests.e2e.helpers import condition, get_json, wait_for
+from tests.e2e.helpers import condition, get_json, seeded_service, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -65,10 +65,7 @@ def test_a_vllmservice_seeds_serves_scales_reseeds_and_goes_on_the_real_node(
     kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(vllm_service(1)))
 
     def seeded() -> dict[str, Any] | None:
-        svc = get_json(kubectl, "-n", namespace, "vllmservice", SERVICE) or {}
-        cache_status = (svc.get("status") or {}).get("cache") or {}
-        key = cache_status.get("key")
-        return svc if key and cache_status.get("seededKey") == key else None
+        return seeded_service(kubectl, namespace, SERVICE)
 
     first = wait_for(seeded, START_TIMEOUT_SECONDS, "the seed Job to fill the cache")
     first_key = first["status"]["cache"]["key"]
