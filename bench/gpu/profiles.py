@@ -162,6 +162,9 @@ VARIANTS: dict[str, Variant] = {
     "stoker-no-mega-aot": Variant(
         spec=NO_MEGA_AOT, note="stoker with VLLM_USE_MEGA_AOT_ARTIFACT=0, the 0.26 default before run 3"
     ),
+    "stoker-no-mega-aot-warm": Variant(
+        spec=NO_MEGA_AOT, warm_node=True, note="stoker-no-mega-aot on a node stoker warmed"
+    ),
     "stoker-mega-aot-stacks": Variant(
         spec=MEGA_AOT,
         stack_samples=True,
