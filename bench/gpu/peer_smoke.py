@@ -9,13 +9,19 @@ the pod IP 127.0.0.1, and B's own ports move up by 100 (both processes see their
 `--enforce-eager`: no seed, no compile; the weights are what is compared. Writes OUT/A.log, OUT/B.log and
 OUT/peer-smoke.json (ready times, B's weights as stoker's phase parser reads them, greedy completions).
 
-usage (repository root, PYTHONPATH=src:.:bench/gpu): python3 bench/gpu/peer_smoke.py MANIFEST OUT
+With --one-gpu both replicas share GPU 0 (each with 40 % of its memory): the transfer is then CUDA IPC on
+one device, which says nothing of speed but as much of correctness. With --quantization fp8 both replicas
+quantize the bf16 checkpoint while loading (vLLM's online FP8), so what B receives are A's post-processed
+FP8 weights and scales, not what is on the disk.
+
+usage (repository root, PYTHONPATH=src:.:bench/gpu):
+    python3 bench/gpu/peer_smoke.py MANIFEST OUT [--one-gpu] [--quantization fp8]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +35,7 @@ PROMPTS = ["def main():", "The capital of France is", "1, 2, 3, 5, 8,", "Once up
 SHIFT = 100
 
 
-def invocation(manifest: str, replica: str) -> Invocation:
+def invocation(manifest: str, replica: str, one_gpu: bool, quantization: str | None) -> Invocation:
     svc = load_service(manifest)
     svc.spec.cold_start.peer_weights.enabled = True
     rendered = serve_invocation(svc, "stoker")
@@ -42,12 +48,16 @@ def invocation(manifest: str, replica: str) -> Invocation:
         MX_WORKER_HOST="127.0.0.1",
         MX_WORKER_GRPC_PORT=str(MANIFEST_PORT + shift),
         MX_METADATA_PORT=str(NIXL_PORT + shift),
-        CUDA_VISIBLE_DEVICES="1" if replica == "B" else "0",
+        CUDA_VISIBLE_DEVICES="1" if replica == "B" and not one_gpu else "0",
         PYTHONPATH=f"{HOME}/site:{HOME}/mx",
         VLLM_USE_FLASHINFER_SAMPLER="0",
     )
     port = 8000 + shift
     argv = [*vllm, "--enforce-eager", "--port", str(port)]
+    if one_gpu:
+        argv += ["--gpu-memory-utilization", "0.4"]
+    if quantization:
+        argv += ["--quantization", quantization]
     return Invocation(argv, env, port, rendered.served_model_name, None)
 
 
@@ -61,15 +71,21 @@ def greedy(base: str, model: str) -> list[str]:
 
 
 def main() -> None:
-    manifest, out = sys.argv[1], Path(sys.argv[2])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("manifest")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--one-gpu", action="store_true", help="both replicas on GPU 0")
+    parser.add_argument("--quantization", help="vLLM's --quantization for both replicas, e.g. fp8")
+    args = parser.parse_args()
+    manifest, out = args.manifest, args.out
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, object] = {}
-    source = start_server(out / "A.log", invocation(manifest, "A"))
+    result: dict[str, object] = {"oneGpu": args.one_gpu, "quantization": args.quantization}
+    source = start_server(out / "A.log", invocation(manifest, "A", args.one_gpu, args.quantization))
     result["A"] = {"readySeconds": source.ready_seconds}
     try:
         if source.ready_seconds is None:
             return
-        inv = invocation(manifest, "B")
+        inv = invocation(manifest, "B", args.one_gpu, args.quantization)
         target = start_server(out / "B.log", inv)
         result["B"] = {"readySeconds": target.ready_seconds, "argv": inv.argv, "env": inv.env}
         try:
