@@ -17,6 +17,11 @@ from stoker.controller.peers import peer_sources
 from stoker.phases import parse_log
 from stoker.phases.timeline import summarize
 from stoker.phases.weights import MAX_RANKS, REASON_LIMIT, WeightsTracker
+from stoker.predict import Observation, PhaseFit, fit, predict, regime_of
+from stoker.predict.model import CoefficientSet, HostFacts, ModelFacts
+from stoker.predict.predictor import LOADER_PEER
+from stoker.predict.service import service_settings
+from stoker.predict.settings import with_weights_source
 from stoker.render import cache_key, render_children
 from stoker.render.peers import PEER_LABEL, Peer
 from tests.unit.test_decide import as_live, body, snapshot
@@ -381,3 +386,59 @@ def test_peer_children_as_applied_are_not_written_again() -> None:
     settled = type(snap)(**{**emptied.__dict__, "children": {**snap.children, **live}})
     written = {(w.desired["kind"], w.desired["metadata"]["name"]) for w in decide_children(settled).writes}
     assert not written & set(live)
+
+
+def test_the_predictor_reads_a_peer_services_storage_fallback_as_its_loader_without_the_peer() -> None:
+    with_peers = service()
+    without = service(coldStart={"peerWeights": {"enabled": False}})
+    from_storage = service_settings(with_peers, "hit")
+    # ModelExpress with no source loads through its InstantTensor strategy: the regime of the same service
+    # without peers, whose fits apply.
+    assert from_storage.loader == service_settings(without, "hit").loader == "instanttensor"
+    assert regime_of("weightLoad", from_storage) == regime_of("weightLoad", service_settings(without, "hit"))
+    assert regime_of("weightLoad", with_weights_source(from_storage, "storage")) != LOADER_PEER
+    from_peer = with_weights_source(from_storage, "peer")
+    assert regime_of("weightLoad", from_peer) == LOADER_PEER
+    assert regime_of("bootstrap", from_peer) == regime_of("bootstrap", from_storage)
+
+
+def test_starts_from_a_peer_are_learnt_as_their_own_regime_and_not_bounded_by_the_disk() -> None:
+    facts = ModelFacts(
+        checkpoint_bytes=16_000_000_000,
+        layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        attention_heads=32,
+        kv_heads=8,
+        vocab_size=128256,
+        tokenizer_bytes=9_000_000,
+        moe=False,
+        experts=0,
+        # A disk of 0.2 GB/s: 80 s for the checkpoint, which a peer's transfer never waits for.
+        host=HostFacts(cpu_seconds=0.2, disk_bytes_per_second=0.2e9),
+    )
+    storage = service_settings(service(), "hit")
+    peer = with_weights_source(storage, "peer")
+    prior = CoefficientSet(
+        hardware="NVIDIA-H200_x2_v0.26",
+        source="shipped",
+        phases={
+            "bootstrap": {regime_of("bootstrap", storage): PhaseFit(intercept=10.0, samples=3)},
+            "weightLoad": {regime_of("weightLoad", storage): PhaseFit(intercept=3.0, samples=3)},
+        },
+        host=HostFacts(cpu_seconds=0.1, disk_bytes_per_second=2e9),
+    )
+    # Before any start from a peer, the storage regime stands in, and the prediction says so.
+    assert predict(facts, peer, prior).fallbacks["weightLoad"] == regime_of("weightLoad", storage)
+    # Weights from a peer in 2.3 s (the two-GPU smoke test, bench/results/peer-smoke-h200x2.json), each start
+    # as the operator records it: the log's weightsSource decides the regime.
+    observed = [
+        Observation(facts=facts, settings=peer, phases={"bootstrap": 10.0, "weightLoad": 2.3})
+        for _ in range(3)
+    ]
+    refitted = fit(observed, prior, hardware=prior.hardware, source="fleet")
+    prediction = predict(facts, peer, refitted)
+    assert "weightLoad" not in prediction.fallbacks
+    # Neither scaled by the host's disk nor bounded by what it has not read.
+    assert prediction.phases["weightLoad"] == pytest.approx(2.3, abs=0.3)
+    assert predict(facts, storage, refitted).phases["weightLoad"] > 50

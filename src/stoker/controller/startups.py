@@ -66,7 +66,7 @@ from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
 from stoker.predict.predictor import predict
 from stoker.predict.service import GPU_PRODUCT_LABEL, hardware_class, service_settings
-from stoker.predict.settings import logged_settings
+from stoker.predict.settings import logged_settings, with_weights_source
 from stoker.render import (
     CACHE_KEY_LABEL,
     COMPONENT_LABEL,
@@ -507,10 +507,13 @@ class StartupRecorder:
         meta, record = body["metadata"], start.record
         hardware = on_node(hardware_class(svc), record.get("gpuProduct"))
         try:
-            settings = logged_settings(
-                service_settings(svc, record["compileCache"], start.role),
-                record["compileCache"],
-                record.get("compileCacheReason"),
+            settings = with_weights_source(
+                logged_settings(
+                    service_settings(svc, record["compileCache"], start.role),
+                    record["compileCache"],
+                    record.get("compileCacheReason"),
+                ),
+                record.get("weightsSource"),
             )
             observation = Observation(
                 facts=facts, settings=settings, phases=start.engine_phases, label=start.label
@@ -548,6 +551,9 @@ class StartupRecorder:
         cache_state: CompileCache = "hit" if seeded else "miss"
         try:
             settings = service_settings(svc, cache_state)
+            if svc.spec.cold_start.peer_weights.enabled:
+                # While replicas serve, the next one takes its weights from them, as the last one did.
+                settings = with_weights_source(settings, last.get("weightsSource"))
             coefficients = self.coefficients.coefficients(str(svc.namespace), hardware)
             if coefficients is None:
                 return {"reason": f"no startup coefficients for hardware class {hardware.key}"}

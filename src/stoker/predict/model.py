@@ -150,6 +150,9 @@ class EngineSettings(_Document):
     # vLLM loads its mega AOT artifact (VLLM_USE_MEGA_AOT_ARTIFACT, or the release's default): on a cache hit
     # it replaces Dynamo's tracing, and the log has no Dynamo phase.
     mega_aot_artifact: bool = False
+    # The weights came (observed) or are expected to come from a running replica through ModelExpress, not
+    # from storage: the weight phase is then a network transfer, not a read of the disk.
+    weights_from_peer: bool = False
     # The vLLM release the argv was read for: its phases are the ones predicted, whichever set is used.
     engine_version: str | None = Field(default=None, max_length=_SHORT_TEXT)
 

@@ -77,6 +77,9 @@ def _all(_: EngineSettings) -> str:
 
 
 _KEPT_MISS = "cache=miss,kept"
+# Weights from a running replica (ModelExpress): a transfer over the pods' network, whatever the read-ahead
+# does with the disk meanwhile.
+LOADER_PEER = "loader=peer"
 
 
 def _cache(settings: EngineSettings) -> str:
@@ -93,6 +96,8 @@ def _read_ahead(settings: EngineSettings) -> str:
 
 
 def _loader(settings: EngineSettings) -> str:
+    if settings.weights_from_peer:
+        return LOADER_PEER
     if not settings.read_ahead:
         return f"loader={settings.loader}"
     return f"loader={settings.loader},readahead" + (",gentle" if settings.gentle_read_ahead else "")
@@ -169,8 +174,8 @@ def host_factor(
     scales with): the CPU phases with the seed's workload seconds, weight loading with the disk's read
     bandwidth, or with the CPU after the read-ahead (it then reads memory; `predict` bounds it below by
     what the disk cannot have read yet); the bootstrap after the import pages only in its CPU part
-    (IMPORT_PAGES_DISK_SHARE)."""
-    if host is None or reference is None:
+    (IMPORT_PAGES_DISK_SHARE); weights from a peer not at all (no host fact measures the pods' network)."""
+    if host is None or reference is None or (phase == WEIGHT_PHASE and settings.weights_from_peer):
         return 1.0
     if phase == WEIGHT_PHASE and not settings.read_ahead:
         if host.disk_bytes_per_second is None or reference.disk_bytes_per_second is None:
@@ -226,7 +231,7 @@ def predict(facts: ModelFacts, settings: EngineSettings, coefficients: Coefficie
         seconds = _evaluate(fit, facts, settings) * host_factor(
             phase, settings, facts.host, coefficients.host
         )
-        if phase == WEIGHT_PHASE and settings.read_ahead:
+        if phase == WEIGHT_PHASE and settings.read_ahead and not settings.weights_from_peer:
             seconds = max(seconds, _unread_seconds(facts, settings, phases))
         phases[phase] = round(max(0.0, seconds), 3)
     return Prediction(

@@ -12,6 +12,7 @@ from stoker.phases import CompileCache
 from stoker.predict.model import EngineSettings, HardwareClass
 from stoker.predict.settings import engine_settings
 from stoker.render import Role, engine_invocation
+from stoker.render.peers import fallback_env, peers_enabled
 from stoker.render.prefetch import serving_invocation
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -33,6 +34,6 @@ def hardware_class(svc: VLLMService) -> HardwareClass:
 def service_settings(svc: VLLMService, cache_state: CompileCache, role: Role = "serve") -> EngineSettings:
     """The settings of the `role` pod's rendered `vllm serve`, with `cache_state` expected."""
     invocation = serving_invocation(svc) if role == "serve" else engine_invocation(svc, role)
-    return engine_settings(
-        invocation.argv, invocation.env, cache_state, svc.spec.runtime.resolved_engine_version
-    )
+    # The pod's environment beside the invocation's: ModelExpress's switches say which loader reads storage.
+    env = {**invocation.env, **(fallback_env(svc) if role == "serve" and peers_enabled(svc) else {})}
+    return engine_settings(invocation.argv, env, cache_state, svc.spec.runtime.resolved_engine_version)

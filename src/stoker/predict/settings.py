@@ -19,7 +19,8 @@ from stoker.inpod import read_ahead as read_ahead_program
 from stoker.phases import CompileCache, CompileCacheReason
 from stoker.predict.model import EngineSettings
 from stoker.render import prefetch
-from stoker.render.engine import MEGA_AOT_ARTIFACT_ENV
+from stoker.render.engine import MEGA_AOT_ARTIFACT_ENV, MODELEXPRESS
+from stoker.render.peers import storage_loader
 
 _COMPILATION_CONFIG = ("--compilation-config", "-cc")
 _OPTIMIZATION_LEVEL = ("--optimization-level", "-O")
@@ -65,8 +66,11 @@ def engine_settings(
         and parsed.compilation.get("mode") not in _NO_COMPILE
         and parsed.last(_OPTIMIZATION_LEVEL[0]) != "0"
     )
+    loader = parsed.last(flags.load_format) or _DEFAULT_LOADER
     return EngineSettings(
-        loader=parsed.last(flags.load_format) or _DEFAULT_LOADER,
+        # ModelExpress's loader reads storage with its fallback loader unless a peer serves the weights
+        # (`with_weights_source`).
+        loader=storage_loader(env) if loader == MODELEXPRESS else loader,
         compiled=compiled,
         capture_sizes=_capture_sizes(parsed, profile),
         tensor_parallel=_integer(parsed.last(flags.tensor_parallel_size) or "1", flags.tensor_parallel_size),
@@ -91,6 +95,11 @@ def logged_settings(
     return settings.model_copy(
         update={"cache_state": compile_cache, "kept_cache": compile_cache == "hit" or reason == "loadFailed"}
     )
+
+
+def with_weights_source(settings: EngineSettings, weights_source: str | None) -> EngineSettings:
+    """`settings` with the weights' source a start's log showed (`weightsSource`), or the one expected."""
+    return settings.model_copy(update={"weights_from_peer": weights_source == "peer"})
 
 
 def _serve_arguments(args: Sequence[str]) -> list[str]:

@@ -16,6 +16,7 @@ coldStart.loader's choice onto them so that such a replica loads as it does with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stoker.api import VLLMService
@@ -83,6 +84,16 @@ def fallback_env(svc: VLLMService) -> dict[str, str]:
     if chosen == STREAMER and (uri.startswith("s3://") or uri.startswith("/")):
         env["MX_MODEL_URI"] = uri
     return env
+
+
+def storage_loader(env: Mapping[str, str]) -> str:
+    """The load format ModelExpress falls back to under `env` (what `fallback_env` set): the loader that
+    reads storage when no peer serves the weights."""
+    if env.get("MX_INSTANT_TENSOR") == "1":
+        return INSTANTTENSOR
+    if "MX_MODEL_URI" in env:
+        return STREAMER
+    return "auto"
 
 
 def peer_env(svc: VLLMService) -> list[Json]:
