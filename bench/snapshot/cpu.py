@@ -18,6 +18,7 @@ usage (repository root): python3 bench/snapshot/cpu.py OUT_JSON [--repetitions 3
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -40,7 +41,9 @@ READY_LIMIT_S = 600
 RESTORE_ATTEMPTS = 20
 
 
+@functools.cache
 def criu() -> str:
+    """The path of `hack/criu build`'s binary."""
     return subprocess.run(
         [REPO / "hack/criu", "bin"], check=True, capture_output=True, text=True
     ).stdout.strip()

@@ -15,9 +15,9 @@ export STOKER_CLUSTER_DIR=/tmp/stoker-test-cluster STOKER_CLUSTER_PORT_BASE=2479
 hack/cluster status >/dev/null 2>&1 || hack/cluster up >$WORK/cluster.log 2>&1 || { echo cluster up failed; exit 1; }
 hack/node status >/dev/null 2>&1 || hack/node up >$WORK/node.log 2>&1 || { echo node up failed; exit 1; }
 eval "$(hack/cluster env)"
+trap 'rm -f /usr/local/sbin/criu /etc/criu/runc.conf' EXIT
 ln -sf "$(hack/criu bin)" /usr/local/sbin/criu
 mkdir -p /etc/criu && printf 'tcp-established\nlink-remap\n' > /etc/criu/runc.conf
-trap 'rm -f /usr/local/sbin/criu /etc/criu/runc.conf' EXIT
 mkdir -p $WORK/models && { [ -f $WORK/models/tiny/config.json ] || ~/.cache/stoker/vllm/0.26.0/bin/python bench/conformance/tiny_model.py $WORK/models/tiny >/dev/null; }
 chmod -R a+rX $WORK/models
 kubectl create namespace snap 2>/dev/null

@@ -18,13 +18,14 @@ from stoker.phases import parse_log
 from stoker.phases.timeline import summarize
 from stoker.phases.weights import MAX_RANKS, REASON_LIMIT, WeightsTracker
 from stoker.predict import Observation, PhaseFit, fit, predict, regime_of
-from stoker.predict.model import CoefficientSet, HostFacts, ModelFacts
+from stoker.predict.model import CoefficientSet, HostFacts
 from stoker.predict.predictor import LOADER_PEER
 from stoker.predict.service import service_settings
 from stoker.predict.settings import with_weights_source
 from stoker.render import cache_key, render_children
 from stoker.render.peers import PEER_LABEL, Peer
 from tests.unit.test_decide import as_live, body, snapshot
+from tests.unit.test_predict_host import model as llama_8b
 from tests.unit.test_render import engine_container
 
 SYNTHETIC = Path(__file__).parent / "data" / "phases" / "synthetic"
@@ -403,20 +404,8 @@ def test_the_predictor_reads_a_peer_services_storage_fallback_as_its_loader_with
 
 
 def test_starts_from_a_peer_are_learnt_as_their_own_regime_and_not_bounded_by_the_disk() -> None:
-    facts = ModelFacts(
-        checkpoint_bytes=16_000_000_000,
-        layers=32,
-        hidden_size=4096,
-        intermediate_size=14336,
-        attention_heads=32,
-        kv_heads=8,
-        vocab_size=128256,
-        tokenizer_bytes=9_000_000,
-        moe=False,
-        experts=0,
-        # A disk of 0.2 GB/s: 80 s for the checkpoint, which a peer's transfer never waits for.
-        host=HostFacts(cpu_seconds=0.2, disk_bytes_per_second=0.2e9),
-    )
+    # A disk of 0.2 GB/s: 80 s for the checkpoint, which a peer's transfer never waits for.
+    facts = llama_8b(HostFacts(cpu_seconds=0.2, disk_bytes_per_second=0.2e9))
     storage = service_settings(service(), "hit")
     peer = with_weights_source(storage, "peer")
     prior = CoefficientSet(
