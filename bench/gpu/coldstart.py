@@ -17,8 +17,8 @@ again, held-out shapes first, so that a lease that ends early still leaves every
 Each shape keeps its own seeded cache. Logs: OUT/logs/<shape>-r<rep>-<profile>.log; OUT/models.json holds
 each checkpoint's model facts (stoker.predict.read_model_facts), config and file sizes.
 
-Seed warm-up (--seed-warmup, seedwarmup.py), standby (--standby, standby.py) and the shared standby pool
-(--pool, standby_pool.py): see those modules.
+Seed warm-up (--seed-warmup, seedwarmup.py), standby (--standby, standby.py), the shared standby pool
+(--pool, standby_pool.py) and snapshot and restore (--snapshot, snapshot_restore.py): see those modules.
 
 Before every start the page cache is dropped and the container-local JIT caches are wiped, as for a new pod
 on a new node. Every mode writes OUT/runs.jsonl (one line per start) and OUT/host.json; bench/gpu/report.py,
@@ -30,6 +30,7 @@ usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spa
        coldstart.py MANIFEST OUT --seed-warmup [--repetitions 3] [--stop-after 600]
        coldstart.py MANIFEST OUT --standby [--servers 3] [--wakes 2] [--asleep-seconds 3]
        coldstart.py MANIFEST OUT --pool SHAPE,SHAPE [--engines 2] [--wakes-in-pool 24] [--stop-after 500]
+       coldstart.py MANIFEST OUT --snapshot [--repetitions 3] [--stop-after 1300]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import seedwarmup
+import snapshot_restore
 import standby
 import standby_pool
 from bench.predictor.shapes import SHAPES, Shape
@@ -233,6 +235,7 @@ def main() -> None:
     mode.add_argument("--seed-warmup", action="store_true", help="seedwarmup.py's experiment")
     mode.add_argument("--standby", action="store_true", help="standby.py's sleep and wake cycles")
     mode.add_argument("--pool", help="standby_pool.py: engines of these shapes' checkpoints on one GPU")
+    mode.add_argument("--snapshot", action="store_true", help="snapshot_restore.py: restores against starts")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--profiles", default="stoker,stoker-spawn,stoker-nocompile")
     parser.add_argument("--first-repetition", type=int, default=1, help="to go on after an interruption")
@@ -264,6 +267,8 @@ def main() -> None:
     elif args.standby:
         svc = load_service(args.manifest)
         standby.standby(svc, args.manifest, out, args.servers, args.wakes, args.asleep_seconds)
+    elif args.snapshot:
+        snapshot_restore.snapshot_restore(load_service(args.manifest), out, args.repetitions, args.stop_after)
     elif args.pool:
         services = [pool_service(args.manifest, SHAPES[name]) for name in args.pool.split(",")]
         budget = Budget(args.stop_after, ESTIMATE_S)

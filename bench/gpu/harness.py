@@ -111,11 +111,24 @@ def completion_request(base: str, body: dict[str, Any]) -> urllib.request.Reques
 
 
 def first_completion(base: str, model: str) -> dict[str, Any]:
-    body = {"model": model, "prompt": "def main():", "max_tokens": 16, "temperature": 0}
+    """Its seconds, and the greedy answer: text and token IDs (a synthetic checkpoint's text can be empty)."""
+    body = {
+        "model": model,
+        "prompt": "def main():",
+        "max_tokens": 16,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     start = time.monotonic()
     with urllib.request.urlopen(completion_request(base, body), timeout=120) as response:
-        usage = json.loads(response.read())["usage"]
-    return {"seconds": round(time.monotonic() - start, 3), "tokens": usage["completion_tokens"]}
+        answer = json.loads(response.read())
+    choice = answer["choices"][0]
+    return {
+        "seconds": round(time.monotonic() - start, 3),
+        "tokens": answer["usage"]["completion_tokens"],
+        "text": choice["text"],
+        "tokenIds": choice.get("token_ids"),
+    }
 
 
 def decode_rate(base: str, model: str) -> dict[str, Any]:

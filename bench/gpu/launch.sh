@@ -31,7 +31,7 @@ harvest() {  # harvest SECONDS [DRIVER_LOG]
 start_driver() {  # start_driver OUT_DIR LEASE_S [driver args]: coldstart.py detached, stopping by the lease's end
     local out_dir=$1 lease=$2; shift 2
     rm -rf /root/bench && mkdir -p /root/bench/bench "$out_dir/logs" && cp -r src /root/bench/ \
-        && cp -r bench/gpu bench/predictor /root/bench/bench/
+        && cp -r bench/gpu bench/predictor bench/snapshot /root/bench/bench/
     local stop_after=$(( $(cat /root/t0) + lease - $(date +%s) ))
     ( cd /root/bench/bench/gpu && PYTHONPATH=/root/bench/src:/root/bench:/root/site setsid nohup python3 coldstart.py \
         "${MANIFEST:-llama-8b.json}" "$out_dir" --stop-after "$stop_after" "$@" > "$out_dir/driver.log" 2>&1 < /dev/null & )

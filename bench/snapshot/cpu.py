@@ -12,41 +12,29 @@ image (CRIU keeps shared file mappings by path) and the server's log as it was (
 
 Needs root (the page cache, CRIU), hack/vllm-venv's vLLM 0.26.0 CPU venv and `hack/criu build`.
 
-usage (repository root): python3 bench/snapshot/cpu.py OUT_JSON [--repetitions 3]
+usage (repository root): python3 -m bench.snapshot.cpu OUT_JSON [--repetitions 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from bench.snapshot.criu_tree import REPO, SHM, criu_binary, dump, put_back, restore, stop_group
+
 VENV = Path(os.environ.get("VENV", Path.home() / ".cache/stoker/vllm/0.26.0"))
 WORK = Path(os.environ.get("WORK", "/tmp/stoker-snapshot"))
-SHM = Path("/dev/shm")
 PORT = 18123
 PROMPT = {"prompt": "The operator renders one", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 READY_LIMIT_S = 600
-# Right after a dump the dead tree's PIDs can stay taken for a moment ("Can't fork for PID: File exists").
-RESTORE_ATTEMPTS = 20
-
-
-@functools.cache
-def criu() -> str:
-    """The path of `hack/criu build`'s binary."""
-    return subprocess.run(
-        [REPO / "hack/criu", "bin"], check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def drop_page_cache() -> None:
@@ -105,31 +93,6 @@ def start(wrapper: Path, model: Path, cache: Path, log: Path) -> subprocess.Pope
         )
 
 
-def stop_group(pid: int) -> None:
-    """TERM the server's process group, KILL it after 30 s, and wait until none of it is left."""
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not group_alive(pid):
-                return
-            time.sleep(0.1)
-
-
-def group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid and (entry / "stat").read_text().split()[2] != "Z":
-                    return True
-            except (OSError, IndexError):
-                continue
-    return False
-
-
 def run_start(name: str, rep: int, wrapper: Path, model: Path, cache: Path) -> dict[str, object]:
     drop_page_cache()
     began = time.monotonic()
@@ -142,78 +105,25 @@ def run_start(name: str, rep: int, wrapper: Path, model: Path, cache: Path) -> d
 
 def snapshot(wrapper: Path, model: Path, cache: Path, image: Path) -> dict[str, object]:
     """Start the server on `cache`, serve once, dump it into `image` with what a restore needs beside it."""
-    shutil.rmtree(image, ignore_errors=True)
-    image.mkdir(parents=True)
     shm_before = set(os.listdir(SHM))
     log = WORK / "snapshotted.log"
     began = time.monotonic()
     server = start(wrapper, model, cache, log)
     first = served(began, model, server)
-    dumped = time.monotonic()
-    dump = subprocess.run(
-        [
-            criu(),
-            "dump",
-            "-t",
-            str(server.pid),
-            "-D",
-            str(image),
-            "--tcp-established",
-            "--link-remap",
-            "-o",
-            "dump.log",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    dump_seconds = time.monotonic() - dumped
-    if dump.returncode != 0:
+    try:
+        taken = dump(server.pid, image, shm_before, log)
+    except RuntimeError:
         stop_group(server.pid)
-        raise RuntimeError(f"criu dump failed: {(image / 'dump.log').read_text()[-2000:]}")
+        raise
     server.wait()
-    (image / "shm").mkdir()
-    for name in set(os.listdir(SHM)) - shm_before:
-        subprocess.run(
-            ["cp", "-a", "--sparse=always", str(SHM / name), str(image / "shm" / name)], check=True
-        )
-    shutil.copy2(log, image / "log.at-dump")
-    pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
-    return {"served": first, "dumpSeconds": round(dump_seconds, 3), "imageBytes": pages, "log": str(log)}
+    return {"served": first, **taken, "log": str(log)}
 
 
 def run_restore(rep: int, image: Path, model: Path, log: Path, expected: str) -> dict[str, object]:
-    for entry in (image / "shm").iterdir():
-        subprocess.run(["cp", "-a", "--sparse=always", str(entry), str(SHM / entry.name)], check=True)
-    shutil.copy2(image / "log.at-dump", log)
-    pidfile = image / "restored.pid"
-    pidfile.unlink(missing_ok=True)
+    put_back(image, log)
     drop_page_cache()
     began = time.monotonic()
-    attempts = 0
-    while True:
-        attempts += 1
-        restore = subprocess.run(
-            [
-                criu(),
-                "restore",
-                "-d",
-                "-D",
-                str(image),
-                "--tcp-established",
-                "--pidfile",
-                str(pidfile),
-                "-o",
-                f"restore-r{rep}.log",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if restore.returncode == 0 or attempts == RESTORE_ATTEMPTS:
-            break
-        time.sleep(0.5)
-    if restore.returncode != 0:
-        raise RuntimeError(f"criu restore failed: {(image / f'restore-r{rep}.log').read_text()[-2000:]}")
-    restored = int(pidfile.read_text())
+    restored, attempts = restore(image, f"r{rep}")
     try:
         result = served(began, model)
     finally:
@@ -271,7 +181,9 @@ def main() -> None:
         summary[name] = {"firstCompletionSeconds": first, "median": statistics.median(first)}
     summary["stockOverRestore"] = round(summary["stock"]["median"] / summary["restore"]["median"], 2)
     summary["cacheOverRestore"] = round(summary["cache"]["median"] / summary["restore"]["median"], 2)
-    criu_version = subprocess.run([criu(), "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    criu_version = subprocess.run([criu_binary(), "--version"], capture_output=True, text=True).stdout.split(
+        "\n"
+    )[0]
     host = {"cpus": os.cpu_count(), "kernel": platform.release(), "criu": criu_version, "vllm": VENV.name}
     result = {"host": host, "snapshot": taken, "summary": summary, "runs": runs}
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,0 +1,236 @@
+"""Snapshot and restore on the GPU (issue 40): a served replica of stoker's rendered serving invocation is
+snapshotted once (the driver's checkpoint API moves its device memory into its host memory, then CRIU dumps
+the process tree), and later starts restore it, against stock vLLM and stoker's own start on a cold node.
+
+Once: the seed Job's invocation (the compile cache), then the snapshot's source: the rendered serving
+invocation on the seeded cache, under bench/snapshot/no_io_uring.c (CRIU cannot dump io_uring; a pod's
+default seccomp profile denies it the same way), serving one completion and the decode probe; then every
+process of its tree that holds a CUDA context is locked and checkpointed, and the tree dumped
+(bench/snapshot/criu_tree.py). Per repetition, in this order:
+- `stock`: plain `vllm serve`, empty caches, page cache dropped;
+- `restore`: `criu restore` of the snapshot read from a dropped page cache (a node that keeps the snapshot
+  on its disk), then the driver's restore and unlock of each CUDA process;
+- `restore-warm`: the same with the snapshot's files in the page cache (a node that keeps it in memory);
+- `stoker`: the rendered serving invocation on a fresh copy of the seeded cache (cold node), if it fits.
+Every profile is timed to /health and to its first completion (`servedSeconds`, from the process start or
+`criu restore`), whose greedy answer (text and token IDs) must equal the snapshot source's; then the decode
+probe.
+
+Output as the other modes': OUT/runs.jsonl, OUT/logs/, OUT/host.json, OUT/snapshot.json (what the snapshot
+took and cost). Needs root, $CRIU (`hack/criu bundle`, carried) and $NO_IO_URING (the wrapper, built static).
+
+A mode of the one driver: `coldstart.py MANIFEST OUT --snapshot [--repetitions 3] [--stop-after 1300]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.snapshot import cuda_checkpoint
+from bench.snapshot.criu_tree import SHM, dump, put_back, restore, stop_group, tree_pids
+from harness import (
+    CONTAINER_LOCAL,
+    HOME,
+    SEED_SNAPSHOT,
+    Budget,
+    decode_rate,
+    first_completion,
+    gpu_memory_used_mib,
+    host_env,
+    prepare,
+    start_and_measure,
+    tree_bytes,
+    wait_ready,
+)
+from profiles import DEFAULT_PROFILE, Invocation, seed_invocation, serve_invocation, stock_invocation
+
+from stoker.api import VLLMService
+
+IMAGE = HOME / "snapshot-image"
+SOURCE_LOG = HOME / "snapshot-source.log"
+# The tree's only TCP connections (gloo's, torch.distributed's store) are loopback pairs inside it, frozen
+# with it: nothing outside can write to them, so CRIU need not lock the network (the GPU hosts have no
+# iptables). Files deleted while open are kept in the image up to a size (CRIU's default: 1 MiB).
+CRIU_OPTIONS = ("--network-lock", "skip", "--ghost-limit", "256M")
+ESTIMATE_S = {"stock": 110.0, "seed": 150.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PROFILE: 40.0}
+# Starts that must fit in every later repetition before the last profile (stoker's own start) runs.
+REQUIRED = ("stock", "restore", "restore-warm")
+SPAWNED = "stoker-spawn"
+
+
+def emit(out: Path, record: dict[str, Any]) -> None:
+    with (out / "runs.jsonl").open("a") as runs:
+        runs.write(json.dumps(record) + "\n")
+    keys = ("profile", "repetition", "readySeconds", "servedSeconds", "greedyEqual", "error")
+    summary = {key: record[key] for key in keys if key in record}
+    summary["tps"] = record.get("decode", {}).get("tokensPerSecond")
+    print(json.dumps(summary), flush=True)
+
+
+def served_seconds(result: dict[str, Any]) -> float | None:
+    """From the process start to the first completion's end (the probe runs right after /health)."""
+    first = result.get("firstCompletion", {})
+    if result.get("readySeconds") is None or "seconds" not in first:
+        return None
+    return round(result["readySeconds"] + first["seconds"], 3)
+
+
+def greedy(first: dict[str, Any]) -> list[Any]:
+    """What two greedy completions of the same prompt must share."""
+    return [first.get("text"), first.get("tokenIds")]
+
+
+def started(name: str, rep: int, inv: Invocation, out: Path, expected: list[Any] | None) -> dict[str, Any]:
+    """A start of `inv` as harness runs every other profile (seed: no probe)."""
+    seed = name == "seed"
+    dropped = prepare(inv.cache_mount_path, restore_seed=name == DEFAULT_PROFILE)
+    result = start_and_measure(out / "logs" / f"r{rep}-{name}.log", inv, measure=not seed)
+    record = {"profile": name, "repetition": rep, **result, "pageCacheDropped": dropped}
+    if not seed:
+        record["servedSeconds"] = served_seconds(result)
+        record["greedyEqual"] = greedy(result.get("firstCompletion", {})) == expected
+    return record
+
+
+def source_process(inv: Invocation) -> subprocess.Popen[str]:
+    """The snapshot's source, started as harness starts a server but logging into SOURCE_LOG, a file (a
+    restored tree must find what it writes to; a pipe to this driver would not be there)."""
+    env = {**host_env(), **inv.env}
+    with SOURCE_LOG.open("w") as log:
+        return subprocess.Popen(
+            [os.environ["NO_IO_URING"], *inv.argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=HOME,
+            start_new_session=True,
+            text=True,
+        )
+
+
+def take_snapshot(inv: Invocation) -> dict[str, Any]:
+    """Start the source on the seeded cache, serve, checkpoint its CUDA processes, dump the tree."""
+    prepare(inv.cache_mount_path, restore_seed=True)
+    shm_before = set(os.listdir(SHM))
+    began = time.monotonic()
+    source = source_process(inv)
+    base = f"http://127.0.0.1:{inv.port}"
+    ready = wait_ready(source, base, began)
+    if ready is None:
+        stop_group(source.pid)
+        raise RuntimeError(f"the snapshot's source never served: {SOURCE_LOG.read_text()[-3000:]}")
+    taken: dict[str, Any] = {"readySeconds": round(ready, 3)}
+    try:
+        taken["firstCompletion"] = first_completion(base, inv.served_model_name)
+        taken["decode"] = decode_rate(base, inv.served_model_name)
+        taken["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+        cuda_pids = [pid for pid in tree_pids(source.pid) if cuda_checkpoint.state(pid) == "running"]
+        checkpointing = time.monotonic()
+        for pid in cuda_pids:
+            cuda_checkpoint.lock(pid)
+        for pid in cuda_pids:
+            cuda_checkpoint.checkpoint(pid)
+        taken["cudaCheckpointSeconds"] = round(time.monotonic() - checkpointing, 3)
+        taken["gpuMemoryUsedMiBCheckpointed"] = gpu_memory_used_mib()
+        taken.update(cudaPids=cuda_pids, processes=len(tree_pids(source.pid)))
+        taken.update(dump(source.pid, IMAGE, shm_before, SOURCE_LOG, CONTAINER_LOCAL, CRIU_OPTIONS))
+    except Exception:
+        stop_group(source.pid)
+        raise
+    source.wait()
+    taken["imageFilesBytes"] = tree_bytes(IMAGE)
+    return taken
+
+
+def health(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def restored(
+    name: str, rep: int, inv: Invocation, cuda_pids: list[int], expected: list[Any]
+) -> dict[str, Any]:
+    """A start from the snapshot: what a new pod of the key has (the seeded cache volume, the container's
+    kept files), the snapshot's files on a cold disk or (restore-warm) resident, then restore and time."""
+    dropped = prepare(inv.cache_mount_path, restore_seed=True)
+    put_back(IMAGE, SOURCE_LOG)
+    if name == "restore-warm":
+        subprocess.run(["sh", "-c", f"cat {IMAGE}/*.img > /dev/null"], check=True)
+    record: dict[str, Any] = {"profile": name, "repetition": rep, "pageCacheDropped": dropped}
+    record["imageResident"] = name == "restore-warm"
+    base = f"http://127.0.0.1:{inv.port}"
+    began = time.monotonic()
+    root, attempts = restore(IMAGE, f"r{rep}-{name}", CRIU_OPTIONS)
+    record.update(criuRestoreSeconds=round(time.monotonic() - began, 3), restoreAttempts=attempts)
+    try:
+        cuda_began = time.monotonic()
+        for pid in cuda_pids:
+            cuda_checkpoint.restore(pid)
+        for pid in cuda_pids:
+            cuda_checkpoint.unlock(pid)
+        record["cudaRestoreSeconds"] = round(time.monotonic() - cuda_began, 3)
+        while not health(base):
+            if time.monotonic() - began > 120:
+                raise RuntimeError("no /health 120 s after the restore")
+            time.sleep(0.02)
+        record["readySeconds"] = round(time.monotonic() - began, 3)
+        record["firstCompletion"] = first_completion(base, inv.served_model_name)
+        record["servedSeconds"] = round(time.monotonic() - began, 3)
+        record["greedyEqual"] = greedy(record["firstCompletion"]) == expected
+        record["decode"] = decode_rate(base, inv.served_model_name)
+        record["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+    except Exception as error:  # a failed restore is a result to record
+        record["error"] = repr(error)
+    finally:
+        stop_group(os.getpgid(root))
+    return record
+
+
+def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s: float) -> None:
+    budget = Budget(stop_after_s, ESTIMATE_S)
+    seed_inv, serve_inv = seed_invocation(svc), serve_invocation(svc, DEFAULT_PROFILE)
+    seed = started("seed", 0, seed_inv, out, None)
+    emit(out, seed)
+    if seed["readySeconds"] is None or not seed_inv.cache_mount_path:
+        raise RuntimeError("the seed did not start")
+    shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
+    shutil.copytree(seed_inv.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
+    # The source spawns its engine: a forked engine inherits the API server's CUDA device files, which the
+    # driver's checkpoint of either process leaves open and CRIU cannot dump (`vllm snapshot` spawns too).
+    taken = take_snapshot(serve_invocation(svc, SPAWNED))
+    (out / "snapshot.json").write_text(json.dumps(taken, indent=1) + "\n")
+    shutil.copy2(IMAGE / "dump.log", out / "logs" / "criu-dump.log")
+    shutil.copy2(SOURCE_LOG, out / "logs" / "snapshot-source.log")
+    print(json.dumps({"snapshot": {k: v for k, v in taken.items() if k != "decode"}}), flush=True)
+    expected = greedy(taken["firstCompletion"])
+    for rep in range(1, repetitions + 1):
+        for name in (*REQUIRED, DEFAULT_PROFILE):
+            reserve = [] if name in REQUIRED else list(REQUIRED) * (repetitions - rep)
+            if not budget.fits(budget.estimate(name) + sum(budget.estimate(later) for later in reserve)):
+                emit(out, {"profile": name, "repetition": rep, "skipped": "time budget"})
+                continue
+            began = time.monotonic()
+            if name == "stock":
+                record = started(name, rep, stock_invocation(svc), out, expected)
+            elif name == DEFAULT_PROFILE:
+                record = started(name, rep, serve_inv, out, expected)
+            else:
+                record = restored(name, rep, serve_inv, taken["cudaPids"], expected)
+                # What the restored tree printed (after the source's lines), and CRIU's own log.
+                shutil.copy2(SOURCE_LOG, out / "logs" / f"r{rep}-{name}.log")
+                criu_log = IMAGE / f"restore-r{rep}-{name}.log"
+                if criu_log.exists():
+                    shutil.copy2(criu_log, out / "logs" / f"criu-{criu_log.name}")
+            budget.record(name, time.monotonic() - began)
+            emit(out, record)

@@ -1,0 +1,136 @@
+"""Dump a served vLLM process tree with CRIU and restore it, with what a restore of vLLM needs beside
+the image (issue 40): the files vLLM keeps in /dev/shm (CRIU keeps shared file mappings by path, and vLLM
+deletes them when it exits), the server's log as it was at the dump (CRIU checks the size of the files a
+process holds open), and the directories a restore must find as they were (a container's changed files,
+which a runtime keeps beside its checkpoint). The CPU benchmark (cpu.py) and the GPU one
+(bench/gpu/snapshot_restore.py) share it.
+
+CRIU options: `--tcp-established` (the engine's gloo connection, on loopback inside the tree) and
+`--link-remap` (multiprocessing's semaphores, created under a temporary name and renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHM = Path("/dev/shm")
+# Right after a dump the dead tree's PIDs can stay taken for a moment ("Can't fork for PID: File exists").
+RESTORE_ATTEMPTS = 20
+# A tarball of the directories a restore must find as they were (container-local files the tree holds open).
+KEPT_FILES = "kept-files.tar"
+
+
+def criu_binary() -> str:
+    """CRIU: $CRIU (a carried build, `hack/criu bundle`), else `hack/criu build`'s binary."""
+    if os.environ.get("CRIU"):
+        return os.environ["CRIU"]
+    return subprocess.run(
+        [REPO / "hack/criu", "bin"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its descendants, parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    pids, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        pids.append(pid)
+        queue.extend(sorted(children.get(pid, [])))
+    return pids
+
+
+def group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid and (entry / "stat").read_text().split()[2] != "Z":
+                    return True
+            except (OSError, IndexError):
+                continue
+    return False
+
+
+def stop_group(pgid: int) -> None:
+    """TERM a process group, KILL it after 30 s, and wait until none of it is left."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
+def dump(
+    root: int,
+    image: Path,
+    shm_before: set[str],
+    log: Path,
+    kept: Sequence[Path] = (),
+    options: Sequence[str] = (),
+) -> dict[str, object]:
+    """Dump the tree under `root` into `image` (the tree is gone after it), then keep beside the image the
+    /dev/shm files made since `shm_before`, `log` as it is, and the directories `kept`. Raises with CRIU's
+    log if the dump fails (the tree then runs on)."""
+    shutil.rmtree(image, ignore_errors=True)
+    image.mkdir(parents=True)
+    began = time.monotonic()
+    argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), "--tcp-established", "--link-remap"]
+    done = subprocess.run([*argv, *options, "-o", "dump.log"], capture_output=True, text=True)
+    seconds = time.monotonic() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"criu dump failed: {(image / 'dump.log').read_text()[-3000:]}")
+    while group_alive(root):
+        time.sleep(0.05)
+    (image / "shm").mkdir()
+    for name in set(os.listdir(SHM)) - shm_before:
+        subprocess.run(
+            ["cp", "-a", "--sparse=always", str(SHM / name), str(image / "shm" / name)], check=True
+        )
+    shutil.copy2(log, image / "log.at-dump")
+    present = [str(path) for path in kept if path.exists()]
+    if present:
+        subprocess.run(["tar", "-cPf", str(image / KEPT_FILES), *present], check=True)
+    pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
+    return {"dumpSeconds": round(seconds, 3), "imageBytes": pages}
+
+
+def put_back(image: Path, log: Path) -> None:
+    """What the tree held besides its memory, as it was at the dump."""
+    for entry in (image / "shm").iterdir():
+        subprocess.run(["cp", "-a", "--sparse=always", str(entry), str(SHM / entry.name)], check=True)
+    shutil.copy2(image / "log.at-dump", log)
+    if (image / KEPT_FILES).exists():
+        subprocess.run(["tar", "-xPf", str(image / KEPT_FILES)], check=True)
+
+
+def restore(image: Path, name: str, options: Sequence[str] = ()) -> tuple[int, int]:
+    """`criu restore` of `image`, detached, retried while the dumped PIDs are still taken. Returns the
+    restored root's PID and the attempts it took; raises with CRIU's log if it never restored."""
+    pidfile = image / "restored.pid"
+    pidfile.unlink(missing_ok=True)
+    argv = [criu_binary(), "restore", "-d", "-D", str(image), "--tcp-established", "--pidfile", str(pidfile)]
+    for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        done = subprocess.run([*argv, *options, "-o", f"restore-{name}.log"], capture_output=True, text=True)
+        if done.returncode == 0:
+            return int(pidfile.read_text()), attempt
+        time.sleep(0.5)
+    raise RuntimeError(f"criu restore failed: {(image / f'restore-{name}.log').read_text()[-3000:]}")
