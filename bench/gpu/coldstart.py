@@ -30,7 +30,8 @@ usage: coldstart.py MANIFEST OUT [--repetitions 3] [--profiles stoker,stoker-spa
        coldstart.py MANIFEST OUT --seed-warmup [--repetitions 3] [--stop-after 600]
        coldstart.py MANIFEST OUT --standby [--servers 3] [--wakes 2] [--asleep-seconds 3]
        coldstart.py MANIFEST OUT --pool SHAPE,SHAPE [--engines 2] [--wakes-in-pool 24] [--stop-after 500]
-       coldstart.py MANIFEST OUT --snapshot [--repetitions 3] [--stop-after 1300]
+       coldstart.py MANIFEST OUT --snapshot [--snapshot-kind full|minimized] [--repetitions 3]
+                          [--stop-after 1300]
 """
 
 from __future__ import annotations
@@ -248,6 +249,12 @@ def main() -> None:
         "--stop-after", type=float, default=1300, help="seconds; no run starts that would end later"
     )
     parser.add_argument("--no-decode", action="store_true", help="one completion per start, no decode probe")
+    parser.add_argument(
+        "--snapshot-kind",
+        choices=("full", "minimized"),
+        default="full",
+        help="snapshot: the whole replica, or asleep at level 2 (weights reloaded after a restore)",
+    )
     parser.add_argument("--servers", type=int, default=3, help="standby: serving starts, each a new pod")
     parser.add_argument("--wakes", type=int, default=2, help="standby: sleep and wake cycles per start")
     parser.add_argument("--asleep-seconds", type=float, default=3.0, help="standby")
@@ -268,7 +275,8 @@ def main() -> None:
         svc = load_service(args.manifest)
         standby.standby(svc, args.manifest, out, args.servers, args.wakes, args.asleep_seconds)
     elif args.snapshot:
-        snapshot_restore.snapshot_restore(load_service(args.manifest), out, args.repetitions, args.stop_after)
+        svc = load_service(args.manifest)
+        snapshot_restore.snapshot_restore(svc, out, args.repetitions, args.stop_after, args.snapshot_kind)
     elif args.pool:
         services = [pool_service(args.manifest, SHAPES[name]) for name in args.pool.split(",")]
         budget = Budget(args.stop_after, ESTIMATE_S)

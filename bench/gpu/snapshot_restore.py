@@ -3,10 +3,13 @@ snapshotted once (the driver's checkpoint API moves its device memory into its h
 the process tree), and later starts restore it, against stock vLLM and stoker's own start on a cold node.
 
 Once: the seed Job's invocation (the compile cache), then the snapshot's source: the rendered serving
-invocation on the seeded cache, under bench/snapshot/no_io_uring.c (CRIU cannot dump io_uring; a pod's
-default seccomp profile denies it the same way), serving one completion and the decode probe; then every
-process of its tree that holds a CUDA context is locked and checkpointed, and the tree dumped
-(bench/snapshot/criu_tree.py). Per repetition, in this order:
+invocation on the seeded cache with its engine spawned, under bench/snapshot/no_io_uring.c (CRIU cannot dump
+io_uring; a pod's default seccomp profile denies it the same way), serving one completion and the decode
+probe; then every process of its tree that holds a CUDA context is locked and checkpointed, and the tree
+dumped (bench/snapshot/criu_tree.py). Two kinds (--snapshot-kind): `full`, the replica as it serves (weights
+and KV cache in the image), and `minimized`, the source in sleep mode put to sleep at level 2 before its
+checkpoint (weights discarded, the rest offloaded), woken and its weights reloaded after each restore, as
+`vllm snapshot` does. Per repetition, in this order:
 - `stock`: plain `vllm serve`, empty caches, page cache dropped;
 - `restore`: `criu restore` of the snapshot read from a dropped page cache (a node that keeps the snapshot
   on its disk), then the driver's restore and unlock of each CUDA process;
@@ -19,11 +22,13 @@ probe.
 Output as the other modes': OUT/runs.jsonl, OUT/logs/, OUT/host.json, OUT/snapshot.json (what the snapshot
 took and cost). Needs root, $CRIU (`hack/criu bundle`, carried) and $NO_IO_URING (the wrapper, built static).
 
-A mode of the one driver: `coldstart.py MANIFEST OUT --snapshot [--repetitions 3] [--stop-after 1300]`.
+A mode of the one driver:
+`coldstart.py MANIFEST OUT --snapshot [--snapshot-kind full|minimized] [--repetitions 3] [--stop-after 1300]`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -49,12 +54,15 @@ from harness import (
     tree_bytes,
     wait_ready,
 )
-from profiles import DEFAULT_PROFILE, Invocation, seed_invocation, serve_invocation, stock_invocation
+from profiles import DEFAULT_PROFILE, SPAWN, Invocation, seed_invocation, serve_invocation, stock_invocation
 
 from stoker.api import VLLMService
 
 IMAGE = HOME / "snapshot-image"
 SOURCE_LOG = HOME / "snapshot-source.log"
+# The cache volume as the source left it: the files its processes map (Triton's launchers, for one) must be
+# there for a restore, and a minimized source compiles its own (sleep mode enters the compile-cache key).
+SOURCE_CACHE = HOME / "snapshot-source-cache"
 # The tree's only TCP connections (gloo's, torch.distributed's store) are loopback pairs inside it, frozen
 # with it: nothing outside can write to them, so CRIU need not lock the network (the GPU hosts have no
 # iptables). Files deleted while open are kept in the image up to a size (CRIU's default: 1 MiB).
@@ -62,7 +70,17 @@ CRIU_OPTIONS = ("--network-lock", "skip", "--ghost-limit", "256M")
 ESTIMATE_S = {"stock": 110.0, "seed": 150.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PROFILE: 40.0}
 # Starts that must fit in every later repetition before the last profile (stoker's own start) runs.
 REQUIRED = ("stock", "restore", "restore-warm")
-SPAWNED = "stoker-spawn"
+# The source of each kind of snapshot (a profile of profiles.py, spawned as `SPAWN` says).
+SOURCE_PROFILE = {"full": "stoker-spawn", "minimized": "stoker-sleep"}
+# A minimized snapshot's source sleeps at level 2 before its checkpoint (weights discarded, the rest of the
+# device memory offloaded), as `vllm snapshot` does; after a restore these wake it and reload the weights
+# from the model (its own load format), before the first completion.
+SLEEP = "/sleep?level=2"
+WAKE = (
+    ("/wake_up?tags=weights", None),
+    ("/collective_rpc", {"method": "reload_weights"}),
+    ("/wake_up?tags=kv_cache", None),
+)
 
 
 def emit(out: Path, record: dict[str, Any]) -> None:
@@ -116,8 +134,9 @@ def source_process(inv: Invocation) -> subprocess.Popen[str]:
         )
 
 
-def take_snapshot(inv: Invocation) -> dict[str, Any]:
-    """Start the source on the seeded cache, serve, checkpoint its CUDA processes, dump the tree."""
+def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
+    """Start the source on the seeded cache, serve, (minimized) sleep, checkpoint its CUDA processes, dump
+    the tree."""
     prepare(inv.cache_mount_path, restore_seed=True)
     shm_before = set(os.listdir(SHM))
     began = time.monotonic()
@@ -127,11 +146,16 @@ def take_snapshot(inv: Invocation) -> dict[str, Any]:
     if ready is None:
         stop_group(source.pid)
         raise RuntimeError(f"the snapshot's source never served: {SOURCE_LOG.read_text()[-3000:]}")
-    taken: dict[str, Any] = {"readySeconds": round(ready, 3)}
+    taken: dict[str, Any] = {"kind": kind, "source": SOURCE_PROFILE[kind], "readySeconds": round(ready, 3)}
     try:
         taken["firstCompletion"] = first_completion(base, inv.served_model_name)
         taken["decode"] = decode_rate(base, inv.served_model_name)
         taken["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
+        if kind == "minimized":
+            sleeping = time.monotonic()
+            post(base, SLEEP)
+            taken["sleepSeconds"] = round(time.monotonic() - sleeping, 3)
+            taken["gpuMemoryUsedMiBAsleep"] = gpu_memory_used_mib()
         cuda_pids = [pid for pid in tree_pids(source.pid) if cuda_checkpoint.state(pid) == "running"]
         checkpointing = time.monotonic()
         for pid in cuda_pids:
@@ -146,8 +170,28 @@ def take_snapshot(inv: Invocation) -> dict[str, Any]:
         stop_group(source.pid)
         raise
     source.wait()
+    assert inv.cache_mount_path, "stoker's serving invocation has a cache volume"
+    shutil.rmtree(SOURCE_CACHE, ignore_errors=True)
+    shutil.copytree(inv.cache_mount_path, SOURCE_CACHE, symlinks=True)
     taken["imageFilesBytes"] = tree_bytes(IMAGE)
     return taken
+
+
+def post(base: str, path: str, body: dict[str, Any] | None = None) -> None:
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(
+        f"{base}{path}", method="POST", data=data, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300):
+        pass
+
+
+def source_invocation(svc: VLLMService, kind: str) -> Invocation:
+    """The snapshot's source. It spawns its engine: a forked engine inherits the API server's CUDA device
+    files, which the driver's checkpoint of either process leaves open and CRIU cannot dump (`vllm snapshot`
+    spawns too)."""
+    inv = serve_invocation(svc, SOURCE_PROFILE[kind])
+    return dataclasses.replace(inv, env={**inv.env, **SPAWN})
 
 
 def health(base: str) -> bool:
@@ -159,11 +203,11 @@ def health(base: str) -> bool:
 
 
 def restored(
-    name: str, rep: int, inv: Invocation, cuda_pids: list[int], expected: list[Any]
+    name: str, rep: int, inv: Invocation, taken: dict[str, Any], expected: list[Any]
 ) -> dict[str, Any]:
-    """A start from the snapshot: what a new pod of the key has (the seeded cache volume, the container's
-    kept files), the snapshot's files on a cold disk or (restore-warm) resident, then restore and time."""
-    dropped = prepare(inv.cache_mount_path, restore_seed=True)
+    """A start from the snapshot: what a new pod of the key has (the cache volume, the container's kept
+    files), the snapshot's files on a cold disk or (restore-warm) resident, then restore and time."""
+    dropped = prepare(inv.cache_mount_path, restore_seed=True, snapshot=SOURCE_CACHE)
     put_back(IMAGE, SOURCE_LOG)
     if name == "restore-warm":
         subprocess.run(["sh", "-c", f"cat {IMAGE}/*.img > /dev/null"], check=True)
@@ -175,9 +219,9 @@ def restored(
     record.update(criuRestoreSeconds=round(time.monotonic() - began, 3), restoreAttempts=attempts)
     try:
         cuda_began = time.monotonic()
-        for pid in cuda_pids:
+        for pid in taken["cudaPids"]:
             cuda_checkpoint.restore(pid)
-        for pid in cuda_pids:
+        for pid in taken["cudaPids"]:
             cuda_checkpoint.unlock(pid)
         record["cudaRestoreSeconds"] = round(time.monotonic() - cuda_began, 3)
         while not health(base):
@@ -185,6 +229,11 @@ def restored(
                 raise RuntimeError("no /health 120 s after the restore")
             time.sleep(0.02)
         record["readySeconds"] = round(time.monotonic() - began, 3)
+        if taken["kind"] == "minimized":
+            waking = time.monotonic()
+            for path, body in WAKE:
+                post(base, path, body)
+            record["wakeSeconds"] = round(time.monotonic() - waking, 3)
         record["firstCompletion"] = first_completion(base, inv.served_model_name)
         record["servedSeconds"] = round(time.monotonic() - began, 3)
         record["greedyEqual"] = greedy(record["firstCompletion"]) == expected
@@ -197,7 +246,7 @@ def restored(
     return record
 
 
-def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s: float) -> None:
+def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s: float, kind: str) -> None:
     budget = Budget(stop_after_s, ESTIMATE_S)
     seed_inv, serve_inv = seed_invocation(svc), serve_invocation(svc, DEFAULT_PROFILE)
     seed = started("seed", 0, seed_inv, out, None)
@@ -206,9 +255,8 @@ def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s
         raise RuntimeError("the seed did not start")
     shutil.rmtree(SEED_SNAPSHOT, ignore_errors=True)
     shutil.copytree(seed_inv.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
-    # The source spawns its engine: a forked engine inherits the API server's CUDA device files, which the
-    # driver's checkpoint of either process leaves open and CRIU cannot dump (`vllm snapshot` spawns too).
-    taken = take_snapshot(serve_invocation(svc, SPAWNED))
+    source = source_invocation(svc, kind)
+    taken = take_snapshot(source, kind)
     (out / "snapshot.json").write_text(json.dumps(taken, indent=1) + "\n")
     shutil.copy2(IMAGE / "dump.log", out / "logs" / "criu-dump.log")
     shutil.copy2(SOURCE_LOG, out / "logs" / "snapshot-source.log")
@@ -226,7 +274,7 @@ def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s
             elif name == DEFAULT_PROFILE:
                 record = started(name, rep, serve_inv, out, expected)
             else:
-                record = restored(name, rep, serve_inv, taken["cudaPids"], expected)
+                record = restored(name, rep, source, taken, expected)
                 # What the restored tree printed (after the source's lines), and CRIU's own log.
                 shutil.copy2(SOURCE_LOG, out / "logs" / f"r{rep}-{name}.log")
                 criu_log = IMAGE / f"restore-r{rep}-{name}.log"
