@@ -13,7 +13,7 @@
 #       model and the bytecode, optionally profiles the API server's imports (cold, then warm), starts coldstart.py
 #       detached under /root/bench-out (--stop-after: no run ends after /root/t0 + LEASE_S), then harvests.
 #   later calls:  bench/gpu/launch.sh harvest SECONDS [DRIVER_LOG]
-#       waits up to SECONDS (or until the driver prints "done"), then packs /root/bench-out into
+#       waits up to SECONDS (or until the driver prints "done" or is gone), then packs /root/bench-out into
 #       $OUT/bench-out.tgz (the device returns few files a call; $OUT is emptied before every call).
 #   another run:  [MANIFEST=...] bench/gpu/launch.sh more NAME LEASE_S CALL_S [driver args]
 #       after go's driver printed "done": a second driver on the installed host, into /root/bench-out/NAME.
@@ -23,7 +23,9 @@ start=$(date +%s)
 
 harvest() {  # harvest SECONDS [DRIVER_LOG]
     local end=$(( $(date +%s) + $1 )) driver_log=${2:-/root/bench-out/driver.log}
-    while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done "$driver_log" 2>/dev/null; do sleep 5; done
+    # Until the driver says done, or is gone (a driver that failed leaves no "done": its lease is not waited out).
+    while [ "$(date +%s)" -lt "$end" ] && ! grep -qx done "$driver_log" 2>/dev/null \
+        && pgrep -f "python3 coldstart.py" > /dev/null; do sleep 5; done
     tar -C /root -czf "$OUT/bench-out.tgz" bench-out
     cat "$driver_log"
 }

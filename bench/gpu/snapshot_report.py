@@ -35,7 +35,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "decodeTokensPerSecond": median([run["decode"]["tokensPerSecond"] for run in mine]),
             "greedyEqualAll": all(run.get("greedyEqual") for run in mine),
         }
-        for part in ("criuRestoreSeconds", "cudaRestoreSeconds"):
+        for part in ("criuRestoreSeconds", "cudaRestoreSeconds", "wakeSeconds"):
             if any(part in run for run in mine):
                 summary[name][part] = median([run[part] for run in mine])
     stock = summary["stock"]["median"]
