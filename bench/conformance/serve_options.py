@@ -74,12 +74,17 @@ def ask_vllm(version: str, request: dict[str, Any]) -> list[Any]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def serve_options(version: str) -> list[ServeOption]:
-    """`vllm serve`'s options as `version`'s own parser has them."""
+def options_of(lines: list[Any]) -> list[ServeOption]:
+    """The options in the runner's option lines."""
     return [
         ServeOption(tuple(line["strings"]), "1" if line["nargs"] is None else str(line["nargs"]))
-        for line in ask_vllm(version, {"options": True})
+        for line in lines
     ]
+
+
+def serve_options(version: str) -> list[ServeOption]:
+    """`vllm serve`'s options as `version`'s own parser has them."""
+    return options_of(ask_vllm(version, {"options": True}))
 
 
 def main() -> int:

@@ -1,11 +1,12 @@
 """Runs inside a vLLM environment (not stoker's): parses argument lists with vLLM's own `vllm serve` parser.
 
 Reads JSON from stdin, {"argvs": [[...], ...], "json_flag_dest": "compilation_config", "json_keys": [...]},
-and prints one JSON line per argv: null when vLLM refuses it, else the parsed namespace as
-{dest: repr(value)}, with the owned keys of the JSON-valued flag as `<dest>.<key>` entries.
-With {"options": true} instead, it prints every option of `vllm serve` once, one JSON line each:
+and prints one JSON line per argv: null when vLLM refuses it (with "explain": true, {"refused": its error
+message}), else the parsed namespace as {dest: repr(value)}, with the owned keys of the JSON-valued flag as
+`<dest>.<key>` entries.
+With {"options": true}, it first prints every option of `vllm serve` once, one JSON line each:
 {"strings": [...], "takes_value": bool, "nargs": argparse's nargs (null: one value),
-"choices": [...] or null}.
+"choices": [...] or null}; then the argvs' lines, if the request has argvs.
 The parser is built the way `vllm` (vllm/entrypoints/cli/main.py) builds it, from the `serve` subcommand.
 """
 
@@ -50,13 +51,15 @@ def main() -> None:
     parser = serve_parser()
     if request.get("options"):
         serve_options(parser)
-        return
-    for argv in request["argvs"]:
+    for argv in request.get("argvs", []):
+        errors = io.StringIO()
         try:
-            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
                 namespace = vars(parser.parse_args(list(argv)))
-        except (SystemExit, Exception):
-            print("null", flush=True)
+        except (SystemExit, Exception) as refusal:
+            # argparse prints its message and exits; anything else raised is the message itself.
+            message = errors.getvalue().strip().splitlines()[-1:] or [repr(refusal)]
+            print(json.dumps({"refused": message[0]}) if request.get("explain") else "null", flush=True)
             continue
         parsed = {dest: repr(value) for dest, value in namespace.items()}
         config = namespace.get(request["json_flag_dest"])
