@@ -67,7 +67,7 @@ SOURCE_CACHE = HOME / "snapshot-source-cache"
 # with it: nothing outside can write to them, so CRIU need not lock the network (the GPU hosts have no
 # iptables). Files deleted while open are kept in the image up to a size (CRIU's default: 1 MiB).
 CRIU_OPTIONS = ("--network-lock", "skip", "--ghost-limit", "256M")
-ESTIMATE_S = {"stock": 110.0, "seed": 150.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PROFILE: 40.0}
+ESTIMATE_S = {"stock": 110.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PROFILE: 40.0}
 # Starts that must fit in every later repetition before the last profile (stoker's own start) runs.
 REQUIRED = ("stock", "restore", "restore-warm")
 # The source of each kind of snapshot (a profile of profiles.py, spawned as `SPAWN` says).
@@ -215,7 +215,11 @@ def restored(
     record["imageResident"] = name == "restore-warm"
     base = f"http://127.0.0.1:{inv.port}"
     began = time.monotonic()
-    root, attempts = restore(IMAGE, f"r{rep}-{name}", CRIU_OPTIONS)
+    try:
+        root, attempts = restore(IMAGE, f"r{rep}-{name}", CRIU_OPTIONS)
+    except RuntimeError as error:  # a failed restore is a result to record, with CRIU's log
+        record["error"] = str(error)
+        return record
     record.update(criuRestoreSeconds=round(time.monotonic() - began, 3), restoreAttempts=attempts)
     try:
         cuda_began = time.monotonic()
@@ -239,7 +243,7 @@ def restored(
         record["greedyEqual"] = greedy(record["firstCompletion"]) == expected
         record["decode"] = decode_rate(base, inv.served_model_name)
         record["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
-    except Exception as error:  # a failed restore is a result to record
+    except Exception as error:  # so is a restored server that does not serve
         record["error"] = repr(error)
     finally:
         stop_group(os.getpgid(root))
