@@ -181,9 +181,8 @@ def main() -> None:
         summary[name] = {"firstCompletionSeconds": first, "median": statistics.median(first)}
     summary["stockOverRestore"] = round(summary["stock"]["median"] / summary["restore"]["median"], 2)
     summary["cacheOverRestore"] = round(summary["cache"]["median"] / summary["restore"]["median"], 2)
-    criu_version = subprocess.run([criu_binary(), "--version"], capture_output=True, text=True).stdout.split(
-        "\n"
-    )[0]
+    version = subprocess.run([criu_binary(), "--version"], capture_output=True, text=True)
+    criu_version = version.stdout.split("\n")[0]
     host = {"cpus": os.cpu_count(), "kernel": platform.release(), "criu": criu_version, "vllm": VENV.name}
     result = {"host": host, "snapshot": taken, "summary": summary, "runs": runs}
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -11,6 +11,7 @@ CRIU options: `--tcp-established` (the engine's gloo connection, on loopback ins
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ RESTORE_ATTEMPTS = 20
 KEPT_FILES = "kept-files.tar"
 
 
+@functools.cache
 def criu_binary() -> str:
     """CRIU: $CRIU (a carried build, `hack/criu bundle`), else `hack/criu build`'s binary."""
     if os.environ.get("CRIU"):
