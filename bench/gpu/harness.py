@@ -177,8 +177,10 @@ def sleep_wake(base: str, model: str) -> dict[str, Any]:
     return timings
 
 
-def wait_ready(process: subprocess.Popen[str], base: str, t0: float) -> float | None:
-    while time.monotonic() - t0 < READY_LIMIT_S and process.poll() is None:
+def wait_ready(process: subprocess.Popen[str] | None, base: str, t0: float) -> float | None:
+    """Seconds from `t0` to the first 200 from /health; None if `process` (None: a tree this driver did not
+    start, such as a restored one) exits first or READY_LIMIT_S passes."""
+    while time.monotonic() - t0 < READY_LIMIT_S and (process is None or process.poll() is None):
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=1) as response:
                 if response.status == 200:

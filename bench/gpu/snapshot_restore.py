@@ -194,14 +194,6 @@ def source_invocation(svc: VLLMService, kind: str) -> Invocation:
     return dataclasses.replace(inv, env={**inv.env, **SPAWN})
 
 
-def health(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/health", timeout=1) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def restored(
     name: str, rep: int, inv: Invocation, taken: dict[str, Any], expected: list[Any]
 ) -> dict[str, Any]:
@@ -228,11 +220,10 @@ def restored(
         for pid in taken["cudaPids"]:
             cuda_checkpoint.unlock(pid)
         record["cudaRestoreSeconds"] = round(time.monotonic() - cuda_began, 3)
-        while not health(base):
-            if time.monotonic() - began > 120:
-                raise RuntimeError("no /health 120 s after the restore")
-            time.sleep(0.02)
-        record["readySeconds"] = round(time.monotonic() - began, 3)
+        ready = wait_ready(None, base, began)
+        if ready is None:
+            raise RuntimeError("no /health after the restore")
+        record["readySeconds"] = round(ready, 3)
         if taken["kind"] == "minimized":
             waking = time.monotonic()
             for path, body in WAKE:
