@@ -5,15 +5,18 @@ For each release the file stores: its list equals what its parser has, and for e
 without a value, glued or not, abbreviated, with `_`, and for stray values, unknown flags and ambiguous
 prefixes, stoker refuses what vLLM refuses for the arguments' shape (unknown, ambiguous, a value missing or
 too many; stoker refuses it by its shape or as a flag it owns) and its reading of the shape accepts what vLLM
-accepts; a value's type or choices are vLLM's to judge. One vLLM interpreter per release answers both.
+accepts; a value's type or choices are vLLM's to judge. One vLLM interpreter per release answers both; they
+run two at a time, asked at the first test (each mostly imports vLLM: a CPU or a disk each).
 Environments as in bench/conformance/serve_options.py; without one the release is skipped, and with
 STOKER_REQUIRE_CONFORMANCE=1 (`make conformance-flags`, which prepares every release) that fails.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from bench.conformance import serve_options as real
@@ -30,9 +33,12 @@ SHAPE_REFUSAL = re.compile(
 )
 
 
-def ask(release: str, request: dict[str, object]) -> list[dict[str, object] | None]:
+RELEASES = sorted(stored_options(), key=lambda r: tuple(map(int, r.split("."))))
+
+
+def parsed(release: str) -> list[dict[str, object] | None]:
     try:
-        return real.ask_vllm(release, request)
+        return asked()[release].result()
     except LookupError as missing:
         if os.environ.get("STOKER_REQUIRE_CONFORMANCE"):
             pytest.fail(str(missing))
@@ -67,25 +73,41 @@ def shape_refused(answer: dict[str, str] | None) -> bool:
     return answer is not None and "refused" in answer and SHAPE_REFUSAL.search(answer["refused"]) is not None
 
 
-@pytest.mark.timeout(900)  # one start of vLLM's CLI and a few thousand parses
-@pytest.mark.parametrize("release", sorted(stored_options(), key=lambda r: tuple(map(int, r.split(".")))))
-def test_stored_options_and_their_reading_match_the_real_parser(release: str) -> None:
-    stored = stored_options()[release]
-    # The candidates come from the stored list; the parser's own list, asked in the same run, must equal it.
-    strings = [string for option in stored for string in option.strings]
-    argvs = [list(argv) for argv in dict.fromkeys(map(tuple, candidates(strings)))]
+def argument_lists(release: str) -> list[list[str]]:
+    """The candidates, from the stored list (the parser's own list, asked in the same run, must equal it)."""
+    strings = [string for option in stored_options()[release] for string in option.strings]
+    return [list(argv) for argv in dict.fromkeys(map(tuple, candidates(strings)))]
+
+
+@functools.cache
+def asked() -> dict[str, Future[list[dict[str, object] | None]]]:
     model = VLLMService.model_validate(
         {"metadata": {"name": "c"}, "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}}}
     )
     rendered = ["serve", *engine_invocation(model, "serve").args]
-    request = {
-        "options": True,
-        "argvs": [rendered + argv for argv in argvs],
-        "explain": True,
-        "json_flag_dest": "compilation_config",
-        "json_keys": [],
+    runners = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vllm-parser")
+    return {
+        release: runners.submit(
+            real.ask_vllm,
+            release,
+            {
+                "options": True,
+                "argvs": [rendered + argv for argv in argument_lists(release)],
+                "explain": True,
+                "json_flag_dest": "compilation_config",
+                "json_keys": [],
+            },
+        )
+        for release in RELEASES
     }
-    lines = ask(release, request)
+
+
+@pytest.mark.timeout(900)  # one start of vLLM's CLI and a few thousand parses, asked in the tests' order
+@pytest.mark.parametrize("release", RELEASES)
+def test_stored_options_and_their_reading_match_the_real_parser(release: str) -> None:
+    stored = stored_options()[release]
+    argvs = argument_lists(release)
+    lines = parsed(release)
     listed, answers = lines[: len(lines) - len(argvs)], lines[len(lines) - len(argvs) :]
     assert set(stored) == set(real.options_of(listed)), (
         f"serve_options.txt differs from vLLM {release}'s parser: python -m bench.conformance.serve_options"

@@ -3,15 +3,15 @@ operator: ten endpoint pickers of one tenant trickle, hang, flood 4 MiB of valid
 the bound, each a kwok pod behind a Service of its own with a local server on the pod's IP (the pod range is
 a `local` route outside 127.0.0.0/8: the API server refuses loopback EndpointSlice addresses,
 docs/development.md). Another tenant's service with a request waiting scales within 2 s all the same;
-each hostile picker is reported on its own VLLMService only; the loop's CPU stays under 5 % of a core."""
+each hostile picker is reported on its own VLLMService only; the loop's own threads use under 5 % of a core."""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,9 @@ def replicas(api: client.CustomObjectsApi, namespace: str, name: str) -> int:
     return int(obj["spec"]["runtime"]["replicas"])
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -238,14 +239,24 @@ def test_a_victim_scales_within_2_s_whatever_hostile_pickers_serve(
         listed = api.list_cluster_custom_object("stoker.dev", "v1alpha1", "vllmservices")["items"]
         at_zero = [o for o in listed if o["metadata"]["namespace"] in (victim_ns, hostile_ns)]
         assert len([o for o in at_zero if o["spec"]["runtime"]["replicas"] == 0]) == 12
+
+        # Only the loop's threads are counted (all alive until it stops): the rest of this process (earlier
+        # tests' clients and watches) is not the loop's.
+        def loop_threads() -> dict[int, float]:
+            named = [t.native_id for t in threading.enumerate() if t.name.startswith("scale-from-zero")]
+            return {tid: cpu_seconds(os.getpid(), tid) for tid in named if tid is not None}
+
         loop = ScaleFromZero(kube, lambda: at_zero, period=1.0)
-        before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        before, started = loop_threads(), time.monotonic()  # any an earlier test left behind
         loop.start()
         time.sleep(30)
+        after, wall = loop_threads(), time.monotonic() - started
+        used = sum(seconds - before.get(tid, 0.0) for tid, seconds in after.items()) / wall
         loop.stop()
-        after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - started
-        used = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / wall
-        print(f"the scale-from-zero loop used {used:.2%} of a core over {wall:.0f} s with 10 hostile pickers")
+        print(
+            f"the scale-from-zero loop ({len(after) - len(before)} threads) used {used:.2%} of a core"
+            f" over {wall:.0f} s with 10 hostile pickers"
+        )
         assert used < CPU_BOUND
     finally:
         servers.kill()
