@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CLUSTER := hack/cluster
 DEMO_EXAMPLE ?= examples/minimal.yaml
 
-.PHONY: venv cluster-build epp-build lws-build node-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-real demo-down crds docs
+.PHONY: venv cluster-build epp-build lws-build node-build criu-build vllm-venv node-images bench-realnode lint unit e2e test conformance conformance-flags predictor-cpu demo demo-real demo-down crds docs
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +41,11 @@ node-build: cluster-build
 	hack/node deps
 	if hack/node check; then hack/node build; fi
 
+# CRIU from source, for the snapshot agent's test on the real node (tests/e2e/test_snapshot_into_pod.py; about
+# a minute on 2 cores plus its build dependencies from apt, seconds when present).
+criu-build:
+	if hack/node check; then hack/criu build; fi
+
 # The real node's images (pause, stoker, vLLM CPU from the vllm-venv), built offline; where this machine
 # cannot run a real node, `hack/node check` says why and the real-node tests report it.
 node-images: node-build vllm-venv
@@ -63,7 +68,7 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-e2e: venv cluster-build epp-build lws-build vllm-venv node-images
+e2e: venv cluster-build epp-build lws-build vllm-venv node-images criu-build
 	$(BIN)/pytest tests/e2e
 
 # stoker's rules against every supported release's own `vllm serve` parser: the default's CPU venv, and
@@ -75,7 +80,7 @@ conformance-flags: venv vllm-venv
 		tests/conformance/test_serve_options.py
 
 # Everything CI runs: install, build (or reuse) the control plane, lint, unit and e2e tests.
-test: venv cluster-build epp-build lws-build vllm-venv node-images lint
+test: venv cluster-build epp-build lws-build vllm-venv node-images criu-build lint
 	$(BIN)/pytest --durations=40 tests
 
 # Stock vLLM against a VLLMService through real pods on the real node, and the same containers as host

@@ -3,7 +3,8 @@ operator: ten endpoint pickers of one tenant trickle, hang, flood 4 MiB of valid
 the bound, each a kwok pod behind a Service of its own with a local server on the pod's IP (the pod range is
 a `local` route outside 127.0.0.0/8: the API server refuses loopback EndpointSlice addresses,
 docs/development.md). Another tenant's service with a request waiting scales within 2 s all the same;
-each hostile picker is reported on its own VLLMService only; the loop's own threads use under 5 % of a core."""
+each hostile picker is reported on its own VLLMService only; the loop's own threads use under 5 % of a
+core."""
 
 from __future__ import annotations
 

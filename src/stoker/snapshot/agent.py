@@ -1,0 +1,235 @@
+"""The node agent's snapshot work (issue 40): dump the engine served in one pod's container and restore it
+into another pod's running container on the same node, by CRIU, without the container runtime (Kubernetes
+restores no pod before KEP-5823). It needs root in the host's PID and mount namespaces (a privileged node
+agent); what it does is planned by stoker.snapshot.plan.
+
+    python -m stoker.snapshot.agent dump|restore --base DIR --namespace NS --service NAME --cache-key KEY \
+        --container ID
+
+`--container` is the runtime's container ID (a pod's containerStatuses[].containerID without its scheme). A
+snapshot lives in DIR/NS/NAME/KEY, a directory no pod mounts; a restore takes only a directory that a dump of
+this agent completed, and never another namespace's, service's or key's. Each prints one JSON line; a failure
+is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stoker.snapshot import plan
+
+# Written last by a dump that completed: what the restore needs beside CRIU's images.
+MANIFEST = "stoker-snapshot.json"
+FILES = "files"
+CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+PROC = Path("/proc")
+# Right after a failed attempt the tree's PIDs can stay taken a moment ("Can't fork for PID: File exists").
+RESTORE_ATTEMPTS = 3
+
+
+class SnapshotError(RuntimeError):
+    pass
+
+
+def container_init(container: str) -> int:
+    """The host PID of the container's PID 1: in the container's cgroup, PID 1 in its own namespace."""
+    if not CONTAINER_ID.fullmatch(container):
+        raise SnapshotError(f"{container!r} is not a container ID (64 hex digits)")
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container not in (entry / "cgroup").read_text():
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspid) > 1 and nspid[-1] == "1":
+            return int(entry.name)
+    raise SnapshotError(f"no running container {container} on this node")
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in (PROC / str(pid) / "task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def tree(root: int) -> list[int]:
+    pids, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        pids.append(pid)
+        queue += children(pid)
+    return pids
+
+
+def highest_pid(pids: list[int]) -> int:
+    """The largest PID or thread ID of `pids` and their threads, as their own PID namespace numbers them."""
+    highest = 0
+    for pid in pids:
+        for task in (PROC / str(pid) / "task").iterdir():
+            status = (task / "status").read_text()
+            nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+            highest = max(highest, int(nspid[-1]))
+    return highest
+
+
+def held_paths(pids: list[int]) -> set[str]:
+    """What the processes hold open or map, as paths inside their container."""
+    held = set()
+    for pid in pids:
+        for kind in ("fd", "map_files"):
+            try:
+                entries = list((PROC / str(pid) / kind).iterdir())
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    held.add(os.readlink(entry))
+                except OSError:
+                    continue
+    return held
+
+
+def cgroup_of(pid: int) -> str:
+    """The process's cgroup path (cgroup v2's, else the memory controller's, which a container shares with
+    every other controller)."""
+    lines = [line.split(":", 2) for line in (PROC / str(pid) / "cgroup").read_text().splitlines()]
+    for hierarchy, controllers, path in lines:
+        if hierarchy == "0" or "memory" in controllers.split(","):
+            return path
+    raise SnapshotError(f"no memory cgroup for {pid}")
+
+
+def criu_log(image: Path, name: str) -> str:
+    log = image / name
+    return log.read_text()[-3000:] if log.exists() else "(no log)"
+
+
+def dump(image: Path, container: str, criu: str) -> dict[str, object]:
+    """Dump the engine (PID 1's only child) of `container`, which goes on serving, into `image`."""
+    init = container_init(container)
+    engines = children(init)
+    if len(engines) != 1:
+        raise SnapshotError(f"PID 1 of {container} has {len(engines)} children, not the one engine")
+    engine = engines[0]
+    mounts = plan.parse_mountinfo((PROC / str(engine) / "mountinfo").read_text())
+    carried = plan.carried_mounts(mounts)
+    upper = Path(plan.upper_directory(mounts))
+    root = PROC / str(init) / "root"
+    pids = tree(engine)
+    files = [
+        (path, (root / path.lstrip("/")).stat().st_size)
+        for path, on_root in plan.local_files(held_paths(pids), mounts, carried)
+        if not on_root or (upper / path.lstrip("/")).exists()
+    ]
+    namespaces = {kind: (PROC / str(init) / "ns" / kind).stat().st_ino for kind in ("pid", "net")}
+    shutil.rmtree(image, ignore_errors=True)
+    image.mkdir(parents=True)
+    began = time.monotonic()
+    done = subprocess.run(
+        plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.monotonic() - began
+    if done.returncode != 0:
+        raise SnapshotError(f"criu dump failed: {criu_log(image, 'dump.log')}")
+    for path, size in files:  # as the dump found them: a log that grew since is cut back
+        copy = image / FILES / path.lstrip("/")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", "--sparse=always", str(root / path.lstrip("/")), str(copy)], check=True)
+        os.truncate(copy, size)
+    manifest = {"carried": carried, "files": [path for path, _ in files], "highestPid": highest_pid(pids)}
+    (image / MANIFEST).write_text(json.dumps(manifest))
+    pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
+    return {"dumpSeconds": round(seconds, 3), "imageBytes": pages, "files": len(files)}
+
+
+def restore(image: Path, container: str, criu: str) -> dict[str, object]:
+    """Restore `image` into `container`'s namespaces, root and cgroup, its engine then PID 1's child."""
+    try:
+        manifest = json.loads((image / MANIFEST).read_text())
+    except (OSError, ValueError) as missing:
+        raise SnapshotError(f"no completed snapshot in {image}: {missing}") from missing
+    init = container_init(container)
+    target = plan.parse_mountinfo((PROC / str(init) / "mountinfo").read_text())
+    # Paths as CRIU, in the agent's (the host's) mount namespace, finds them.
+    host = plan.parse_mountinfo((PROC / "self" / "mountinfo").read_text())
+    sources = plan.mapped_mounts(manifest["carried"], target, host)
+    (target_root,) = [mount for mount in target if mount.mount_point == "/"]
+    root = plan.host_path(target_root, host)
+    for path in manifest["files"]:
+        placed = PROC / str(init) / "root" / path.lstrip("/")
+        placed.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["cp", "-a", "--sparse=always", str(image / FILES / path.lstrip("/")), str(placed)], check=True
+        )
+    descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
+    argv = plan.restore_arguments(
+        criu, init, image, descriptors, root, sources, cgroup_of(init), "restore.log"
+    )
+    began = time.monotonic()
+    try:
+        subprocess.run(plan.pid_counter_arguments(init, manifest["highestPid"]), check=True)
+        attempts = attempt_restore(argv, tuple(descriptors.values()))
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
+    if attempts is None:
+        raise SnapshotError(f"criu restore failed {RESTORE_ATTEMPTS} times: {criu_log(image, 'restore.log')}")
+    seconds = round(time.monotonic() - began, 3)
+    engines = children(init)  # CRIU's own PIDs are the target namespace's; the host's is PID 1's child
+    if len(engines) != 1:
+        raise SnapshotError(
+            f"after the restore PID 1 of {container} has {len(engines)} children, not the engine"
+        )
+    return {"restoreSeconds": seconds, "pid": engines[0], "attempts": attempts}
+
+
+def attempt_restore(argv: list[str], descriptors: tuple[int, ...]) -> int | None:
+    """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored."""
+    for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        if subprocess.run(argv, capture_output=True, pass_fds=descriptors).returncode == 0:
+            return attempt
+        time.sleep(0.5)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stoker.snapshot.agent", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("action", choices=["dump", "restore"])
+    parser.add_argument("--base", type=Path, required=True, help="the agent's snapshot directory")
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--service", required=True)
+    parser.add_argument("--cache-key", required=True)
+    parser.add_argument("--container", required=True, help="the runtime's container ID")
+    parser.add_argument(
+        "--criu", default=os.environ.get("CRIU", "criu"), help="CRIU's binary (default: $CRIU, criu)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        image = plan.image_directory(args.base, args.namespace, args.service, args.cache_key)
+        act = dump if args.action == "dump" else restore
+        print(json.dumps(act(image, args.container.removeprefix("containerd://"), args.criu)))
+    except (SnapshotError, ValueError, LookupError, OSError, subprocess.CalledProcessError) as failed:
+        print(f"stoker snapshot {args.action}: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The snapshot agent on the real node (issue 40): a vLLM CPU server running in one pod is dumped by CRIU
+(stoker.snapshot.agent, as root on the host, as the privileged node agent runs it) while it goes on serving,
+and restored into a second running pod, which then answers the same greedy completion through its own pod
+IP, its engine in that pod's PID and network namespaces and cgroup. The agent restores only a snapshot it
+completed, from its own directory, keyed by namespace, service and cache key.
+
+The pods are shaped as a restore needs them (stoker.snapshot.plan): the engine a child of a reaping PID 1 in
+a session of its own, its internal sockets on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.conformance import tiny_model
+
+from stoker.engines import DEFAULT_ENGINE_VERSION
+from stoker.snapshot import plan
+from stoker.snapshot.agent import children, container_init
+from tests.conftest import REPO, Cluster, Kubectl, RealNode
+from tests.e2e.helpers import condition, get_json, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
+KEY = "0123456789abcdef"
+# PID 1 reaps whatever is reparented to it (a restored engine, the children of a failed restore).
+REAPER = "\n".join(
+    [
+        "import os, time",
+        "while True:",
+        "    try:",
+        "        os.wait()",
+        "    except ChildProcessError:",
+        "        time.sleep(1)",
+    ]
+)
+SERVE = (
+    "setsid vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
+    " >/tmp/vllm.log 2>&1 &"
+)
+
+
+def criu() -> str:
+    built = subprocess.run(
+        [REPO / "hack" / "criu", "bin"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if not Path(built).exists():
+        message = f"no CRIU at {built}: hack/criu build"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return built
+
+
+def pod(name: str, placement: dict[str, Any], models: Path, serving: bool) -> dict[str, Any]:
+    start = f"{SERVE} exec python3 -c '{REAPER}'" if serving else f"exec python3 -c '{REAPER}'"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            **placement,
+            # Root: CRIU reads each process's rlimits, which for another user's process takes
+            # CAP_SYS_RESOURCE: a node's root has it, this machine's lacks it (docs/benchmarks/snapshot.md).
+            "securityContext": {
+                "runAsUser": 0,
+                "runAsGroup": 0,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", start],
+                    "env": [
+                        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+                        *(
+                            {"name": name, "value": value}
+                            for name, value in plan.LOOPBACK_ENVIRONMENT.items()
+                        ),
+                    ],
+                    "resources": {"requests": {"memory": "3Gi"}},
+                    "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+                }
+            ],
+            "volumes": [{"name": "models", "hostPath": {"path": str(models), "type": "Directory"}}],
+        },
+    }
+
+
+def complete(ip: str) -> list[object] | None:
+    """The text and token IDs of one greedy completion through the pod's IP, or None while it does not
+    answer."""
+    request = urllib.request.Request(
+        f"http://{ip}:8000/v1/completions",
+        data=json.dumps(
+            {
+                "model": "tiny",
+                "prompt": "The operator renders one",
+                "max_tokens": 12,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+        ).encode(),
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            choice = json.load(answer)["choices"][0]
+    except OSError:
+        return None
+    return [choice["text"], choice.get("token_ids")]
+
+
+def agent(
+    action: str, base: Path, container: str, namespace: str, **names: str
+) -> subprocess.CompletedProcess[str]:
+    keyed = {"namespace": namespace, "service": "tiny", "cache_key": KEY, **names}
+    return subprocess.run(
+        [sys.executable, "-m", "stoker.snapshot.agent", action, "--base", str(base), "--container", container,
+         "--criu", criu(), *(f"--{k.replace('_', '-')}={v}" for k, v in keyed.items())],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+    )  # fmt: skip
+
+
+def namespaces_of(pid: int) -> dict[str, str]:
+    return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "net")}
+
+
+def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_into(
+    real_node: RealNode, cluster: Cluster, namespace: str, kubectl: Kubectl, engine_venv: Path, tmp_path: Path
+) -> None:
+    models = cluster.work_dir / "volumes" / "snapshot-models"
+    if not (models / "tiny" / "config.json").exists():
+        subprocess.run(
+            [str(engine_venv / "bin" / "python"), tiny_model.__file__, models / "tiny"], check=True
+        )
+    for path in [models, *models.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    for name, serving in (("src", True), ("dst", False)):
+        manifest = pod(name, real_node.placement(), models, serving)
+        kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
+    running = {
+        name: wait_for(
+            lambda n=name: (
+                (p := get_json(kubectl, "-n", namespace, "pod", n))
+                and condition(p, "Ready").get("status") == "True"
+                and p
+            ),
+            timeout=300,
+            what=f"pod {name} Ready",
+        )
+        for name in ("src", "dst")
+    }
+    ip = {name: p["status"]["podIP"] for name, p in running.items()}
+    container = {name: p["status"]["containerStatuses"][0]["containerID"] for name, p in running.items()}
+    before = wait_for(lambda: complete(ip["src"]), timeout=300, what="src's first completion")
+
+    base = tmp_path / "snapshots"
+    try:
+        dumped = agent("dump", base, container["src"], namespace)
+        assert dumped.returncode == 0, dumped.stderr
+        facts = json.loads(dumped.stdout)
+        assert facts["imageBytes"] > 0 and facts["files"] > 0, facts
+        assert complete(ip["src"]) == before  # src went on serving
+
+        # Only a snapshot this agent completed, under its own namespace, service and key, is ever restored.
+        for names, refusal in (
+            ({"namespace": "other"}, "no completed snapshot"),
+            ({"service": "other"}, "no completed snapshot"),
+            ({"cache_key": "fedcba9876543210"}, "no completed snapshot"),
+            ({"namespace": ".."}, "not a valid name"),
+            ({"cache_key": "../../etc"}, "not a valid name"),
+        ):
+            refused = agent("restore", base, container["dst"], **{"namespace": namespace, **names})
+            assert refused.returncode == 1 and refusal in refused.stderr, (names, refused.stderr)
+        dst_init = container_init(container["dst"].removeprefix("containerd://"))
+        assert children(dst_init) == []
+
+        restored = agent("restore", base, container["dst"], namespace)
+        assert restored.returncode == 0, restored.stderr
+        engine = json.loads(restored.stdout)["pid"]
+        assert children(dst_init) == [engine]  # PID 1's child, as the engine was in src: PID 1 reaps it
+        assert namespaces_of(engine) == namespaces_of(dst_init)
+        assert Path(f"/proc/{engine}/cgroup").read_text() == Path(f"/proc/{dst_init}/cgroup").read_text()
+        assert complete(ip["dst"]) == before
+        assert complete(ip["src"]) == before
+        print(f"\ndump {facts}, restore {json.loads(restored.stdout)}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # gigabytes
