@@ -15,14 +15,17 @@ is one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from stoker.snapshot import plan
 
@@ -37,6 +40,16 @@ RESTORE_ATTEMPTS = 3
 
 class SnapshotError(RuntimeError):
     pass
+
+
+class HeldFile(TypedDict):
+    """A file the engine holds in its container, as the dump found it."""
+
+    path: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
 
 
 def container_init(container: str) -> int:
@@ -112,9 +125,84 @@ def cgroup_of(pid: int) -> str:
     raise SnapshotError(f"no memory cgroup for {pid}")
 
 
+def open_inside(root: Path, path: str, flags: int, mode: int = 0o600, make_parents: bool = False) -> int:
+    """Opens `path` of the container whose root is `root` (/proc/PID/root, or its overlay's upper directory)
+    without following a symlink anywhere on the way: the container's files are its author's, and a symlink
+    of theirs (/tmp -> /etc) would resolve against the host's root, not the container's."""
+    parts = path.split("/")
+    if len(parts) < 2 or parts[0] != "" or any(part in ("", ".", "..") for part in parts[1:]):
+        raise SnapshotError(f"{path!r} is not a plain absolute path")
+    directory = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for part in parts[1:-1]:
+            if make_parents:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=directory)
+            inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=directory)
+    except OSError as refused:
+        raise SnapshotError(
+            f"{path} in the container: {refused.strerror} (a symlink on the way?)"
+        ) from refused
+    finally:
+        os.close(directory)
+
+
+def open_regular(root: Path, path: str, flags: int, make_parents: bool = False) -> int:
+    """open_inside, refusing what is not a regular file (non-blocking: a FIFO put there must not hang the
+    agent)."""
+    descriptor = open_inside(root, path, flags | os.O_NONBLOCK, make_parents=make_parents)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise SnapshotError(f"{path} in the container is not a regular file")
+    return descriptor
+
+
+def held_file(root: Path, path: str) -> HeldFile:
+    """A regular file the engine holds, as it is now: its size, mode and owner."""
+    descriptor = open_regular(root, path, os.O_RDONLY)
+    try:
+        facts = os.fstat(descriptor)
+    finally:
+        os.close(descriptor)
+    return {"path": path, "size": facts.st_size, "mode": stat.S_IMODE(facts.st_mode), "uid": facts.st_uid,
+            "gid": facts.st_gid}  # fmt: skip
+
+
+def copy_out(root: Path, held: HeldFile, copy: Path) -> None:
+    """The file's first `size` bytes (its size at the dump: a log that grew since is cut back) into `copy`."""
+    source = open_regular(root, held["path"], os.O_RDONLY)
+    with os.fdopen(source, "rb") as reader, copy.open("wb") as writer:
+        left = held["size"]
+        while left > 0 and (chunk := reader.read(min(left, 1 << 20))):
+            writer.write(chunk)
+            left -= len(chunk)
+
+
+def copy_in(copy: Path, root: Path, held: HeldFile) -> None:
+    """`copy` to the file's path in the target container, with its mode and owner."""
+    target = open_regular(root, held["path"], os.O_WRONLY | os.O_CREAT, make_parents=True)
+    with copy.open("rb") as reader, os.fdopen(target, "wb") as writer:
+        writer.truncate(0)
+        shutil.copyfileobj(reader, writer, 1 << 20)
+        os.fchown(writer.fileno(), held["uid"], held["gid"])
+        os.fchmod(writer.fileno(), held["mode"])
+
+
 def criu_log(image: Path, name: str) -> str:
     log = image / name
     return log.read_text()[-3000:] if log.exists() else "(no log)"
+
+
+def changed(upper: Path, path: str) -> bool:
+    """Whether the container changed `path` of its root filesystem (the overlay's upper directory has it)."""
+    try:
+        os.close(open_inside(upper, path, os.O_PATH))
+    except SnapshotError:
+        return False
+    return True
 
 
 def dump(image: Path, container: str, criu: str) -> dict[str, object]:
@@ -130,9 +218,9 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     root = PROC / str(init) / "root"
     pids = tree(engine)
     files = [
-        (path, (root / path.lstrip("/")).stat().st_size)
+        held_file(root, path)
         for path, on_root in plan.local_files(held_paths(pids), mounts, carried)
-        if not on_root or (upper / path.lstrip("/")).exists()
+        if not on_root or changed(upper, path)
     ]
     namespaces = {kind: (PROC / str(init) / "ns" / kind).stat().st_ino for kind in ("pid", "net")}
     shutil.rmtree(image, ignore_errors=True)
@@ -146,12 +234,10 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     seconds = time.monotonic() - began
     if done.returncode != 0:
         raise SnapshotError(f"criu dump failed: {criu_log(image, 'dump.log')}")
-    for path, size in files:  # as the dump found them: a log that grew since is cut back
-        copy = image / FILES / path.lstrip("/")
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-a", "--sparse=always", str(root / path.lstrip("/")), str(copy)], check=True)
-        os.truncate(copy, size)
-    manifest = {"carried": carried, "files": [path for path, _ in files], "highestPid": highest_pid(pids)}
+    (image / FILES).mkdir()
+    for number, held in enumerate(files):  # by number: no name of the tenant's becomes a path of ours
+        copy_out(root, held, image / FILES / str(number))
+    manifest = {"carried": carried, "files": files, "highestPid": highest_pid(pids)}
     (image / MANIFEST).write_text(json.dumps(manifest))
     pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
     return {"dumpSeconds": round(seconds, 3), "imageBytes": pages, "files": len(files)}
@@ -170,12 +256,8 @@ def restore(image: Path, container: str, criu: str) -> dict[str, object]:
     sources = plan.mapped_mounts(manifest["carried"], target, host)
     (target_root,) = [mount for mount in target if mount.mount_point == "/"]
     root = plan.host_path(target_root, host)
-    for path in manifest["files"]:
-        placed = PROC / str(init) / "root" / path.lstrip("/")
-        placed.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["cp", "-a", "--sparse=always", str(image / FILES / path.lstrip("/")), str(placed)], check=True
-        )
+    for number, held in enumerate(manifest["files"]):
+        copy_in(image / FILES / str(number), PROC / str(init) / "root", held)
     descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
     argv = plan.restore_arguments(
         criu, init, image, descriptors, root, sources, cgroup_of(init), "restore.log"
