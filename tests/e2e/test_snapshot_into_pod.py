@@ -1,8 +1,9 @@
 """The snapshot agent on the real node (issue 40): a vLLM CPU server running in one pod is dumped by CRIU
 (stoker.snapshot.agent, as root on the host, as the privileged node agent runs it) while it goes on serving,
 and restored into a second running pod, which then answers the same greedy completion through its own pod
-IP, its engine in that pod's PID and network namespaces and cgroup. The agent restores only a snapshot it
-completed, from its own directory, keyed by namespace, service and cache key.
+IP, its engine in that pod's PID and network namespaces and cgroup, and the kubelet's readiness probe finds it
+(the pod was not Ready before). The agent restores only a snapshot it completed, from its own directory, keyed
+by namespace, service and cache key.
 
 The pods are shaped as a restore needs them (stoker.snapshot.plan): the engine a child of a reaping PID 1 in
 a session of its own, its internal sockets on loopback."""
@@ -89,6 +90,8 @@ def pod(name: str, placement: dict[str, Any], models: Path, serving: bool) -> di
                         ),
                     ],
                     "resources": {"requests": {"memory": "3Gi"}},
+                    # The kubelet's probe: dst is Ready only once an engine serves in it.
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
                     "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
                 }
             ],
@@ -150,16 +153,20 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
     for name, serving in (("src", True), ("dst", False)):
         manifest = pod(name, real_node.placement(), models, serving)
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
-    running = {
-        name: wait_for(
-            lambda n=name: (
-                (p := get_json(kubectl, "-n", namespace, "pod", n))
-                and condition(p, "Ready").get("status") == "True"
-                and p
-            ),
-            timeout=300,
-            what=f"pod {name} Ready",
+
+    def ready(name: str) -> bool:
+        return (
+            condition(get_json(kubectl, "-n", namespace, "pod", name) or {}, "Ready").get("status") == "True"
         )
+
+    def started(name: str) -> dict[str, Any] | None:
+        found = get_json(kubectl, "-n", namespace, "pod", name) or {}
+        statuses = found.get("status", {}).get("containerStatuses") or [{}]
+        return found if "running" in statuses[0].get("state", {}) else None
+
+    wait_for(lambda: ready("src"), timeout=300, what="src Ready")
+    running = {
+        name: wait_for(lambda n=name: started(n), timeout=120, what=f"{name} running")
         for name in ("src", "dst")
     }
     ip = {name: p["status"]["podIP"] for name, p in running.items()}
@@ -185,7 +192,7 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
             refused = agent("restore", base, container["dst"], **{"namespace": namespace, **names})
             assert refused.returncode == 1 and refusal in refused.stderr, (names, refused.stderr)
         dst_init = container_init(container["dst"].removeprefix("containerd://"))
-        assert children(dst_init) == []
+        assert children(dst_init) == [] and not ready("dst")
 
         restored = agent("restore", base, container["dst"], namespace)
         assert restored.returncode == 0, restored.stderr
@@ -194,6 +201,7 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         assert namespaces_of(engine) == namespaces_of(dst_init)
         assert Path(f"/proc/{engine}/cgroup").read_text() == Path(f"/proc/{dst_init}/cgroup").read_text()
         assert complete(ip["dst"]) == before
+        wait_for(lambda: ready("dst"), timeout=30, what="dst Ready by the kubelet's probe")
         assert complete(ip["src"]) == before
         print(f"\ndump {facts}, restore {json.loads(restored.stdout)}")
     finally:
