@@ -36,6 +36,24 @@ def test_a_file_comes_back_in_another_container_at_its_size_at_the_dump_with_its
     assert (target / "tmp" / "vllm.log").stat().st_mode & 0o777 == 0o640
 
 
+def test_a_sparse_file_stays_sparse_through_the_copies(host: Path) -> None:
+    """vLLM's shared-memory buffers are mostly holes; copied whole they overflow a pod's 64 MiB /dev/shm."""
+    buffer = host / "root" / "tmp" / "psm_buffer"
+    with buffer.open("wb") as written:
+        written.write(b"head")
+        written.seek(64 << 20)
+        written.write(b"tail")
+    held = held_file(host / "root", "/tmp/psm_buffer")
+    copy_out(host / "root", held, host / "copy")
+    (host / "target").mkdir()
+    copy_in(host / "copy", host / "target", held)
+    for copied in (host / "copy", host / "target" / "tmp" / "psm_buffer"):
+        assert copied.stat().st_size == (64 << 20) + 4
+        assert copied.stat().st_blocks * 512 < 1 << 20, "the hole was written out"
+        with copied.open("rb") as read:
+            assert read.read(4) == b"head" and (read.seek(64 << 20), read.read())[1] == b"tail"
+
+
 def test_a_symlink_on_the_way_is_refused_whichever_way_it_points(host: Path) -> None:
     root = host / "root"
     (root / "home").symlink_to(host / "host-etc")  # an absolute symlink: the host's path, seen from the host

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import re
@@ -171,24 +172,55 @@ def held_file(root: Path, path: str) -> HeldFile:
             "gid": facts.st_gid}  # fmt: skip
 
 
+def copy_sparse(source: int, target: int, size: int) -> None:
+    """The first `size` bytes of `source` into `target`, holes left holes: vLLM's shared-memory buffers are
+    mostly holes, and written out whole they overflow the pod's 64 MiB /dev/shm."""
+    os.ftruncate(target, 0)
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(source, offset, os.SEEK_DATA)
+        except OSError as none:  # ENXIO: only a hole is left
+            if none.errno != errno.ENXIO:
+                raise
+            break
+        end = min(os.lseek(source, data, os.SEEK_HOLE), size)
+        while data < end:
+            chunk = os.pread(source, min(end - data, 1 << 20), data)
+            if not chunk:
+                break
+            os.pwrite(target, chunk, data)
+            data += len(chunk)
+        offset = end
+    os.ftruncate(target, size)
+
+
 def copy_out(root: Path, held: HeldFile, copy: Path) -> None:
     """The file's first `size` bytes (its size at the dump: a log that grew since is cut back) into `copy`."""
     source = open_regular(root, held["path"], os.O_RDONLY)
-    with os.fdopen(source, "rb") as reader, copy.open("wb") as writer:
-        left = held["size"]
-        while left > 0 and (chunk := reader.read(min(left, 1 << 20))):
-            writer.write(chunk)
-            left -= len(chunk)
+    try:
+        target = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            copy_sparse(source, target, held["size"])
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
 
 
 def copy_in(copy: Path, root: Path, held: HeldFile) -> None:
     """`copy` to the file's path in the target container, with its mode and owner."""
-    target = open_regular(root, held["path"], os.O_WRONLY | os.O_CREAT, make_parents=True)
-    with copy.open("rb") as reader, os.fdopen(target, "wb") as writer:
-        writer.truncate(0)
-        shutil.copyfileobj(reader, writer, 1 << 20)
-        os.fchown(writer.fileno(), held["uid"], held["gid"])
-        os.fchmod(writer.fileno(), held["mode"])
+    source = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        target = open_regular(root, held["path"], os.O_WRONLY | os.O_CREAT, make_parents=True)
+        try:
+            copy_sparse(source, target, os.fstat(source).st_size)
+            os.fchown(target, held["uid"], held["gid"])
+            os.fchmod(target, held["mode"])
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
 
 
 def criu_log(image: Path, name: str) -> str:
