@@ -258,19 +258,23 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
     began = time.monotonic()
-    done = subprocess.run(
-        plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.monotonic() - began
-    if done.returncode != 0:
-        raise SnapshotError(f"criu dump failed: {criu_log(image, 'dump.log')}")
-    (image / FILES).mkdir()
-    for number, held in enumerate(files):  # by number: no name of the tenant's becomes a path of ours
-        copy_out(root, held, image / FILES / str(number))
-    manifest = {"carried": carried, "files": files, "highestPid": highest_pid(pids)}
-    (image / MANIFEST).write_text(json.dumps(manifest))
+    try:
+        done = subprocess.run(
+            plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
+            capture_output=True,
+            text=True,
+        )
+        seconds = time.monotonic() - began
+        if done.returncode != 0:
+            raise SnapshotError(f"criu dump failed: {criu_log(image, 'dump.log')}")
+        (image / FILES).mkdir()
+        for number, held in enumerate(files):  # by number: no name of the tenant's becomes a path of ours
+            copy_out(root, held, image / FILES / str(number))
+        manifest = {"carried": carried, "files": files, "highestPid": highest_pid(pids)}
+        (image / MANIFEST).write_text(json.dumps(manifest))
+    except BaseException:
+        shutil.rmtree(image, ignore_errors=True)  # gigabytes that no restore would take
+        raise
     pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
     return {"dumpSeconds": round(seconds, 3), "imageBytes": pages, "files": len(files)}
 
