@@ -5,8 +5,8 @@ For each release the file stores: its list equals what its parser has, and for e
 without a value, glued or not, abbreviated, with `_`, and for stray values, unknown flags and ambiguous
 prefixes, stoker refuses what vLLM refuses for the arguments' shape (unknown, ambiguous, a value missing or
 too many; stoker refuses it by its shape or as a flag it owns) and its reading of the shape accepts what vLLM
-accepts; a value's type or choices are vLLM's to judge. One vLLM interpreter per release answers both; they
-run two at a time, asked at the first test (each mostly imports vLLM: a CPU or a disk each).
+accepts; a value's type or choices are vLLM's to judge. One vLLM interpreter per release answers both; all
+are asked at the first test and run two at a time (each is mostly vLLM's imports, one core's work).
 Environments as in bench/conformance/serve_options.py; without one the release is skipped, and with
 STOKER_REQUIRE_CONFORMANCE=1 (`make conformance-flags`, which prepares every release) that fails.
 """
