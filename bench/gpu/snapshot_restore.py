@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.snapshot import cuda_checkpoint
-from bench.snapshot.criu_tree import SHM, dump, put_back, restore, stop_group, tree_pids
+from bench.snapshot.criu_tree import SHM, dump, put_back, restore, stop_group
 from harness import (
     CONTAINER_LOCAL,
     HOME,
@@ -57,6 +57,7 @@ from harness import (
 from profiles import DEFAULT_PROFILE, SPAWN, Invocation, seed_invocation, serve_invocation, stock_invocation
 
 from stoker.api import VLLMService
+from stoker.snapshot.agent import tree
 
 IMAGE = HOME / "snapshot-image"
 SOURCE_LOG = HOME / "snapshot-source.log"
@@ -156,7 +157,7 @@ def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
             post(base, SLEEP)
             taken["sleepSeconds"] = round(time.monotonic() - sleeping, 3)
             taken["gpuMemoryUsedMiBAsleep"] = gpu_memory_used_mib()
-        cuda_pids = [pid for pid in tree_pids(source.pid) if cuda_checkpoint.state(pid) == "running"]
+        cuda_pids = [pid for pid in tree(source.pid) if cuda_checkpoint.state(pid) == "running"]
         checkpointing = time.monotonic()
         for pid in cuda_pids:
             cuda_checkpoint.lock(pid)
@@ -164,7 +165,7 @@ def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
             cuda_checkpoint.checkpoint(pid)
         taken["cudaCheckpointSeconds"] = round(time.monotonic() - checkpointing, 3)
         taken["gpuMemoryUsedMiBCheckpointed"] = gpu_memory_used_mib()
-        taken.update(cudaPids=cuda_pids, processes=len(tree_pids(source.pid)))
+        taken.update(cudaPids=cuda_pids, processes=len(tree(source.pid)))
         taken.update(dump(source.pid, IMAGE, shm_before, SOURCE_LOG, CONTAINER_LOCAL, CRIU_OPTIONS))
     except Exception:
         stop_group(source.pid)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stoker.snapshot.plan import CRIU_FILE_OPTIONS
+
 REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
 # Right after a dump the dead tree's PIDs can stay taken for a moment ("Can't fork for PID: File exists").
@@ -36,24 +38,6 @@ def criu_binary() -> str:
     return subprocess.run(
         [REPO / "hack/criu", "bin"], check=True, capture_output=True, text=True
     ).stdout.strip()
-
-
-def tree_pids(root: int) -> list[int]:
-    """`root` and its descendants, parents first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    pids, queue = [], [root]
-    while queue:
-        pid = queue.pop(0)
-        pids.append(pid)
-        queue.extend(sorted(children.get(pid, [])))
-    return pids
 
 
 def group_alive(pgid: int) -> bool:
@@ -95,7 +79,7 @@ def dump(
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
     began = time.monotonic()
-    argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), "--tcp-established", "--link-remap"]
+    argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), *CRIU_FILE_OPTIONS]
     done = subprocess.run([*argv, *options, "-o", "dump.log"], capture_output=True, text=True)
     seconds = time.monotonic() - began
     if done.returncode != 0:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from bench.conformance import tiny_model
+from bench.snapshot.criu_tree import criu_binary
 
 from stoker.engines import DEFAULT_ENGINE_VERSION
 from stoker.snapshot import plan
@@ -50,9 +51,7 @@ SERVE = (
 
 
 def criu() -> str:
-    built = subprocess.run(
-        [REPO / "hack" / "criu", "bin"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    built = criu_binary()
     if not Path(built).exists():
         message = f"no CRIU at {built}: hack/criu build"
         if os.environ.get("CI"):

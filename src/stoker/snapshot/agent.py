@@ -53,6 +53,12 @@ class HeldFile(TypedDict):
     gid: int
 
 
+def namespace_pids(status: Path) -> list[str]:
+    """A process's or thread's PIDs from its `status`, the host's first, its own namespace's last."""
+    lines = status.read_text().splitlines()
+    return next((line.split()[1:] for line in lines if line.startswith("NSpid:")), [])
+
+
 def container_init(container: str) -> int:
     """The host PID of the container's PID 1: in the container's cgroup, PID 1 in its own namespace."""
     if not CONTAINER_ID.fullmatch(container):
@@ -63,40 +69,49 @@ def container_init(container: str) -> int:
         try:
             if container not in (entry / "cgroup").read_text():
                 continue
-            status = (entry / "status").read_text()
+            nspid = namespace_pids(entry / "status")
         except OSError:
             continue
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
         if len(nspid) > 1 and nspid[-1] == "1":
             return int(entry.name)
     raise SnapshotError(f"no running container {container} on this node")
 
 
+def process_children() -> dict[int, list[int]]:
+    """Every process's children, from one scan of /proc (no CONFIG_PROC_CHILDREN needed)."""
+    found: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found.setdefault(parent, []).append(int(entry.name))
+    return {parent: sorted(pids) for parent, pids in found.items()}
+
+
 def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in (PROC / str(pid) / "task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
+    return process_children().get(pid, [])
 
 
 def tree(root: int) -> list[int]:
+    """`root` and its descendants, parents first."""
+    known = process_children()
     pids, queue = [], [root]
     while queue:
         pid = queue.pop(0)
         pids.append(pid)
-        queue += children(pid)
+        queue += known.get(pid, [])
     return pids
 
 
 def highest_pid(pids: list[int]) -> int:
     """The largest PID or thread ID of `pids` and their threads, as their own PID namespace numbers them."""
-    highest = 0
-    for pid in pids:
-        for task in (PROC / str(pid) / "task").iterdir():
-            status = (task / "status").read_text()
-            nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
-            highest = max(highest, int(nspid[-1]))
-    return highest
+    return max(
+        int(namespace_pids(task / "status")[-1])
+        for pid in pids
+        for task in (PROC / str(pid) / "task").iterdir()
+    )
 
 
 def held_paths(pids: list[int]) -> set[str]:
