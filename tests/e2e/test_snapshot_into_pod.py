@@ -3,10 +3,12 @@
 and restored into a second running pod, which then answers the same greedy completion through its own pod
 IP, its engine in that pod's PID and network namespaces and cgroup, and the kubelet's readiness probe finds it
 (the pod was not Ready before). The agent restores only a snapshot it completed, from its own directory, keyed
-by namespace, service and cache key.
+by namespace, service and cache key, and only into a pod whose PID 1 (stoker.inpod.engine_init) is still
+waiting; a restore that fails there ends in the engine's normal start, which the pod's log says.
 
-The pods are shaped as a restore needs them (stoker.snapshot.plan): the engine a child of a reaping PID 1 in
-a session of its own, its internal sockets on loopback."""
+The pods are shaped as a restore needs them (stoker.snapshot.plan): engine_init as PID 1, which starts the
+engine in a session of its own or takes the restored one as its child, the engine's internal sockets on
+loopback."""
 
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ import pytest
 from bench.conformance import tiny_model
 from bench.snapshot.criu_tree import criu_binary
 
+from stoker.api.owned import PROGRAMS_MOUNT_PATH
+from stoker.cli import copy_programs
 from stoker.engines import DEFAULT_ENGINE_VERSION
+from stoker.inpod import engine_init
 from stoker.snapshot import plan
 from stoker.snapshot.agent import children, container_init
 from tests.conftest import REPO, Cluster, Kubectl, RealNode
@@ -33,20 +38,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
 KEY = "0123456789abcdef"
-# PID 1 reaps whatever is reparented to it (a restored engine, the children of a failed restore).
-REAPER = "\n".join(
-    [
-        "import os, time",
-        "while True:",
-        "    try:",
-        "        os.wait()",
-        "    except ChildProcessError:",
-        "        time.sleep(1)",
-    ]
-)
+BROKEN_KEY = "fedcba9876543210"
+# The engine's output to a file: CRIU cannot take the container log's pipe along (not yet built).
 SERVE = (
-    "setsid vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
-    " >/tmp/vllm.log 2>&1 &"
+    "exec vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
+    " >/tmp/vllm.log 2>&1"
 )
 
 
@@ -60,8 +56,10 @@ def criu() -> str:
     return built
 
 
-def pod(name: str, placement: dict[str, Any], models: Path, serving: bool) -> dict[str, Any]:
-    start = f"{SERVE} exec python3 -c '{REAPER}'" if serving else f"exec python3 -c '{REAPER}'"
+def pod(name: str, placement: dict[str, Any], volumes: dict[str, Path], restore_wait: int) -> dict[str, Any]:
+    """A pod whose engine_init starts `vllm serve` after `restore_wait` s unless a restore is claimed."""
+    init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", str(restore_wait),
+            "--restore-bound", "120", "--", "sh", "-c", SERVE]  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -80,21 +78,32 @@ def pod(name: str, placement: dict[str, Any], models: Path, serving: bool) -> di
                     "name": "vllm",
                     "image": IMAGE,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", start],
+                    "command": init,
                     "env": [
                         {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+                        {"name": "PYTHONPATH", "value": PROGRAMS_MOUNT_PATH},
                         *(
                             {"name": name, "value": value}
                             for name, value in plan.LOOPBACK_ENVIRONMENT.items()
                         ),
                     ],
                     "resources": {"requests": {"memory": "3Gi"}},
-                    # The kubelet's probe: dst is Ready only once an engine serves in it.
+                    # The kubelet's probe: a pod is Ready only once an engine serves in it.
                     "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
-                    "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+                    "volumeMounts": [
+                        {"name": "models", "mountPath": "/models", "readOnly": True},
+                        {"name": "programs", "mountPath": PROGRAMS_MOUNT_PATH, "readOnly": True},
+                        {"name": "handshake", "mountPath": engine_init.HANDSHAKE_DIRECTORY},
+                    ],
                 }
             ],
-            "volumes": [{"name": "models", "hostPath": {"path": str(models), "type": "Directory"}}],
+            "volumes": [
+                *(
+                    {"name": volume, "hostPath": {"path": str(path), "type": "Directory"}}
+                    for volume, path in volumes.items()
+                ),
+                {"name": "handshake", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            ],
         },
     }
 
@@ -147,10 +156,15 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         subprocess.run(
             [str(engine_venv / "bin" / "python"), tiny_model.__file__, models / "tiny"], check=True
         )
-    for path in [models, *models.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    for name, serving in (("src", True), ("dst", False)):
-        manifest = pod(name, real_node.placement(), models, serving)
+    programs = cluster.work_dir / "volumes" / "snapshot-programs"
+    shutil.rmtree(programs, ignore_errors=True)
+    copy_programs(programs)
+    for directory in (models, programs):
+        for path in [directory, *directory.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    # src starts its engine at once; dst and fallback wait for a restore.
+    for name, restore_wait in (("src", 0), ("dst", 600), ("fallback", 600)):
+        manifest = pod(name, real_node.placement(), {"models": models, "programs": programs}, restore_wait)
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
 
     def ready(name: str) -> bool:
@@ -163,10 +177,15 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         statuses = found.get("status", {}).get("containerStatuses") or [{}]
         return found if "running" in statuses[0].get("state", {}) else None
 
+    def init_events(name: str) -> list[dict[str, object]]:
+        log = kubectl("-n", namespace, "logs", name).stdout
+        prefix = engine_init.LINE_PREFIX
+        return [json.loads(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
+
     wait_for(lambda: ready("src"), timeout=300, what="src Ready")
     running = {
         name: wait_for(lambda n=name: started(n), timeout=120, what=f"{name} running")
-        for name in ("src", "dst")
+        for name in ("src", "dst", "fallback")
     }
     ip = {name: p["status"]["podIP"] for name, p in running.items()}
     container = {name: p["status"]["containerStatuses"][0]["containerID"] for name, p in running.items()}
@@ -180,16 +199,19 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         assert facts["imageBytes"] > 0 and facts["files"] > 0, facts
         assert complete(ip["src"]) == before  # src went on serving
 
-        # Only a snapshot this agent completed, under its own namespace, service and key, is ever restored.
+        # Only a snapshot this agent completed, under its own namespace, service and key, is ever restored,
+        # and only into a pod whose engine_init still waits.
         for names, refusal in (
             ({"namespace": "other"}, "no completed snapshot"),
             ({"service": "other"}, "no completed snapshot"),
-            ({"cache_key": "fedcba9876543210"}, "no completed snapshot"),
+            ({"cache_key": BROKEN_KEY}, "no completed snapshot"),
             ({"namespace": ".."}, "not a valid name"),
             ({"cache_key": "../../etc"}, "not a valid name"),
         ):
             refused = agent("restore", base, container["dst"], **{"namespace": namespace, **names})
             assert refused.returncode == 1 and refusal in refused.stderr, (names, refused.stderr)
+        refused = agent("restore", base, container["src"], namespace)
+        assert refused.returncode == 1 and "started its engine already" in refused.stderr, refused.stderr
         dst_init = container_init(container["dst"].removeprefix("containerd://"))
         assert children(dst_init) == [] and not ready("dst")
 
@@ -201,7 +223,22 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         assert Path(f"/proc/{engine}/cgroup").read_text() == Path(f"/proc/{dst_init}/cgroup").read_text()
         assert complete(ip["dst"]) == before
         wait_for(lambda: ready("dst"), timeout=30, what="dst Ready by the kubelet's probe")
+        assert [event["event"] for event in init_events("dst")] == ["restoring", "restored"]
         assert complete(ip["src"]) == before
+
+        # A snapshot CRIU cannot restore (its memory pages gone): the pod starts its engine as any pod does,
+        # and its log says why.
+        broken = base / namespace / "tiny" / BROKEN_KEY
+        subprocess.run(["cp", "-al", base / namespace / "tiny" / KEY, broken], check=True)
+        for pages in broken.glob("pages-*.img"):
+            pages.unlink()
+        failed = agent("restore", base, container["fallback"], namespace, cache_key=BROKEN_KEY)
+        assert failed.returncode == 1 and "criu restore failed" in failed.stderr, failed.stderr
+        wait_for(lambda: ready("fallback"), timeout=300, what="fallback Ready by its normal start")
+        restoring, starting = init_events("fallback")
+        assert restoring["event"] == "restoring" and starting["event"] == "starting", (restoring, starting)
+        assert str(starting["reason"]).startswith("restore failed: criu restore failed 3 times"), starting
+        assert complete(ip["fallback"]) == before
         print(f"\ndump {facts}, restore {json.loads(restored.stdout)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)  # gigabytes

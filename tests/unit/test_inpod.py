@@ -25,7 +25,7 @@ from tests.unit.test_render_standby import service as standby_service
 
 PACKAGE = Path(stoker.__file__).parent
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
-PROGRAMS = ["read_ahead", "seed", "download", "node_warmer"]
+PROGRAMS = ["read_ahead", "seed", "download", "node_warmer", "engine_init"]
 SHIPPED = sorted(
     [
         "stoker/__init__.py",

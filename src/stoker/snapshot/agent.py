@@ -8,8 +8,10 @@ agent); what it does is planned by stoker.snapshot.plan.
 
 `--container` is the runtime's container ID (a pod's containerStatuses[].containerID without its scheme). A
 snapshot lives in DIR/NS/NAME/KEY, a directory no pod mounts; a restore takes only a directory that a dump of
-this agent completed, and never another namespace's, service's or key's. Each prints one JSON line; a failure
-is one line on stderr and exit status 1.
+this agent completed, and never another namespace's, service's or key's. A restore goes into a container
+whose PID 1 is stoker.inpod.engine_init, waiting: the agent claims it first, and tells it the outcome, so
+that a restore that fails or comes too late ends in the engine's normal start, never in two engines. Each
+prints one JSON line; a failure is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
+from stoker.inpod import engine_init
 from stoker.snapshot import plan
 
 # Written last by a dump that completed: what the restore needs beside CRIU's images.
@@ -41,6 +45,10 @@ RESTORE_ATTEMPTS = 3
 
 class SnapshotError(RuntimeError):
     pass
+
+
+# What a dump or a restore raises when it fails: one line on stderr (and, for a restore, the pod told).
+FAILURES = (SnapshotError, ValueError, LookupError, OSError, subprocess.CalledProcessError)
 
 
 class HeldFile(TypedDict):
@@ -294,13 +302,62 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     return {"dumpSeconds": round(seconds, 3), "imageBytes": pages, "files": len(files)}
 
 
-def restore(image: Path, container: str, criu: str) -> dict[str, object]:
-    """Restore `image` into `container`'s namespaces, root and cgroup, its engine then PID 1's child."""
+def completed_manifest(image: Path) -> dict[str, Any]:
     try:
-        manifest = json.loads((image / MANIFEST).read_text())
+        manifest: dict[str, Any] = json.loads((image / MANIFEST).read_text())
     except (OSError, ValueError) as missing:
         raise SnapshotError(f"no completed snapshot in {image}: {missing}") from missing
+    return manifest
+
+
+def create_once(directory: int, name: str, text: str) -> bool:
+    """Create NAME in the open `directory` holding `text`, unless it exists (whatever it is: a symlink is
+    never followed); whether this call created it."""
+    try:
+        descriptor = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory
+        )
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w", encoding="utf-8") as created:
+        created.write(text + "\n")
+    return True
+
+
+def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> dict[str, int | float]:
+    """Claim `container` from its waiting engine_init (`handshake`: its directory in the container), restore
+    `image` into it and tell engine_init the outcome."""
+    manifest = completed_manifest(image)  # no snapshot: the pod is left to its normal start
     init = container_init(container)
+    directory = open_inside(PROC / str(init) / "root", handshake, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if not create_once(directory, engine_init.DECISION, engine_init.RESTORE):
+            raise SnapshotError(f"{container} started its engine already (or was claimed): not restored")
+        try:
+            restored = restore(image, manifest, container, init, criu)
+        except FAILURES as failed:
+            reason = " | ".join(str(failed).splitlines())
+            if len(reason) > 1000:  # CRIU's error is at the end of its log
+                reason = f"{reason[:300]} ... {reason[-600:]}"
+            create_once(directory, engine_init.OUTCOME, f"{engine_init.FAILED} {reason}")
+            raise
+        engine = int(restored["pid"])
+        inside = namespace_pids(PROC / str(engine) / "status")[-1]
+        if not create_once(directory, engine_init.OUTCOME, f"{engine_init.RESTORED} {inside}"):
+            for pid in reversed(tree(engine)):  # engine_init gave up waiting and starts its own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise SnapshotError(f"{container} stopped waiting before the restore ended: its engine ended")
+    finally:
+        os.close(directory)
+    return restored
+
+
+def restore(
+    image: Path, manifest: dict[str, Any], container: str, init: int, criu: str
+) -> dict[str, int | float]:
+    """Restore `image` into `container` (PID 1 `init`): its namespaces, root and cgroup, its engine then
+    PID 1's child."""
     target = plan.parse_mountinfo((PROC / str(init) / "mountinfo").read_text())
     # Paths as CRIU, in the agent's (the host's) mount namespace, finds them.
     host = plan.parse_mountinfo((PROC / "self" / "mountinfo").read_text())
@@ -353,12 +410,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--criu", default=os.environ.get("CRIU", "criu"), help="CRIU's binary (default: $CRIU, criu)"
     )
+    parser.add_argument(
+        "--handshake",
+        default=engine_init.HANDSHAKE_DIRECTORY,
+        help="restore: engine_init's directory in the container (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     try:
         image = plan.image_directory(args.base, args.namespace, args.service, args.cache_key)
-        act = dump if args.action == "dump" else restore
-        print(json.dumps(act(image, args.container.removeprefix("containerd://"), args.criu)))
-    except (SnapshotError, ValueError, LookupError, OSError, subprocess.CalledProcessError) as failed:
+        container = args.container.removeprefix("containerd://")
+        if args.action == "dump":
+            print(json.dumps(dump(image, container, args.criu)))
+        else:
+            print(json.dumps(restore_into_pod(image, container, args.criu, args.handshake)))
+    except FAILURES as failed:
         print(f"stoker snapshot {args.action}: {failed}", file=sys.stderr)
         return 1
     return 0

@@ -1,0 +1,164 @@
+"""stoker.inpod.engine_init, the PID 1 a snapshot is restored into, run as a real process: it starts its
+command when no restore is claimed in time, takes a restored engine as its child when the agent says so, and
+falls back to its command when a claimed restore fails or outlasts the bound. The agent's side of the
+handshake is the agent's own create_once; the "restored" engine is put into engine_init's PID namespace by
+nsenter, as CRIU is, so it becomes engine_init's child the way a restored engine does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stoker.inpod import engine_init
+from stoker.snapshot.agent import children, create_once
+from tests.conftest import REPO
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+
+
+def command(directory: Path, wait: float, bound: float, *engine: str) -> list[str]:
+    return [sys.executable, "-m", "stoker.inpod.engine_init", "--directory", str(directory),
+            "--restore-wait", str(wait), "--restore-bound", str(bound), "--", *engine]  # fmt: skip
+
+
+def events(stdout: str) -> list[dict[str, object]]:
+    return [
+        json.loads(line.removeprefix(engine_init.LINE_PREFIX))
+        for line in stdout.splitlines()
+        if line.startswith(engine_init.LINE_PREFIX)
+    ]
+
+
+def claim(directory: Path, name: str, text: str) -> bool:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return create_once(descriptor, name, text)
+    finally:
+        os.close(descriptor)
+
+
+def wait_until(check: object, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_without_a_claim_it_starts_its_command_and_exits_as_the_command_does(tmp_path: Path) -> None:
+    done = subprocess.run(
+        command(tmp_path, 0.3, 5, "sh", "-c", "echo engine; exit 3"), capture_output=True, text=True, env=ENV
+    )
+    assert done.returncode == 3, done.stderr
+    assert "engine" in done.stdout
+    assert events(done.stdout) == [
+        {"event": "starting", "reason": "no restore claimed within 0.3 s"},
+        {"event": "exited", "code": 3},
+    ]
+    assert (tmp_path / engine_init.DECISION).read_text() == "start\n"
+    # An agent that comes later finds the pod decided and restores nothing.
+    assert not claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
+def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_path: Path) -> None:
+    container = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc",
+         *command(tmp_path, 30, 30, "sh", "-c", "echo the command ran; exit 9")],
+        stdout=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: children(container.pid))
+        (init,) = children(container.pid)  # PID 1 of the new namespace
+        assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+        # As CRIU restores it: started in engine_init's PID namespace by a process that then exits, so the
+        # engine is reparented to that namespace's init.
+        engine = subprocess.run(
+            ["nsenter", f"--target={init}", "--pid", "--", "sh", "-c", "setsid sleep 1 & echo $!"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        assert claim(tmp_path, engine_init.OUTCOME, f"{engine_init.RESTORED} {engine}")
+        stdout, _ = container.communicate(timeout=30)
+    finally:
+        container.kill()
+    assert container.returncode == 0  # sleep's
+    found = events(stdout)
+    assert [event["event"] for event in found] == ["restoring", "restored", "exited"]
+    assert found[1]["pid"] == int(engine)
+    assert "the command ran" not in stdout
+
+
+def test_a_failed_restore_starts_the_command_and_says_why(tmp_path: Path) -> None:
+    running = subprocess.Popen(
+        command(tmp_path, 30, 30, "sh", "-c", "echo engine started"),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+    assert claim(
+        tmp_path, engine_init.OUTCOME, f"{engine_init.FAILED} criu restore failed 3 times: Error (x)"
+    )
+    stdout, _ = running.communicate(timeout=30)
+    assert running.returncode == 0
+    assert "engine started" in stdout
+    assert events(stdout)[1] == {
+        "event": "starting",
+        "reason": "restore failed: criu restore failed 3 times: Error (x)",
+    }
+
+
+def test_a_claimed_restore_without_an_outcome_within_the_bound_is_abandoned(tmp_path: Path) -> None:
+    running = subprocess.Popen(command(tmp_path, 30, 0.5, "true"), stdout=subprocess.PIPE, text=True, env=ENV)
+    assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+    stdout, _ = running.communicate(timeout=30)
+    assert running.returncode == 0
+    assert events(stdout)[1] == {"event": "starting", "reason": "restore failed: no outcome within 0.5 s"}
+    # The agent, done later, cannot say "restored": it finds the outcome taken and ends what it restored.
+    assert (tmp_path / engine_init.OUTCOME).read_text() == "abandoned\n"
+    assert not claim(tmp_path, engine_init.OUTCOME, f"{engine_init.RESTORED} 42")
+
+
+def test_sigterm_reaches_the_engine_and_before_any_engine_ends_the_wait(tmp_path: Path) -> None:
+    serving = subprocess.Popen(
+        command(tmp_path, 0, 5, "sleep", "60"), stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    wait_until(lambda: children(serving.pid))
+    serving.send_signal(signal.SIGTERM)
+    stdout, _ = serving.communicate(timeout=10)
+    assert serving.returncode == 128 + signal.SIGTERM  # sleep's death by SIGTERM, as a shell reports it
+    assert events(stdout)[-1] == {"event": "exited", "code": 128 + signal.SIGTERM}
+
+    (tmp_path / "other").mkdir()
+    waiting = subprocess.Popen(
+        command(tmp_path / "other", 60, 5, "sleep", "60"), stdout=subprocess.PIPE, text=True, env=ENV
+    )
+    time.sleep(1)
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not (tmp_path / "other" / engine_init.DECISION).exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--restore-wait", "1", "--restore-bound", "1"], "no COMMAND after --"),
+        (["--restore-wait", "-1", "--restore-bound", "1", "--", "true"], "--restore-wait must be 0 or more"),
+        (["--directory", "/nonexistent", "--restore-wait", "1", "--restore-bound", "1", "--", "true"],
+         "is not a directory"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused(arguments: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stoker.inpod.engine_init", *arguments],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
