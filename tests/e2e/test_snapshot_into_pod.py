@@ -4,7 +4,8 @@ and restored into a second running pod, which then answers the same greedy compl
 IP, its engine in that pod's PID and network namespaces and cgroup, and the kubelet's readiness probe finds it
 (the pod was not Ready before). The agent restores only a snapshot it completed, from its own directory, keyed
 by namespace, service and cache key, and only into a pod whose PID 1 (stoker.inpod.engine_init) is still
-waiting; a restore that fails there ends in the engine's normal start, which the pod's log says.
+waiting; the restored engine writes to that pod's log, and a restore that fails ends in the engine's normal
+start, which the pod's log says.
 
 The pods are shaped as a restore needs them (stoker.snapshot.plan): engine_init as PID 1, which starts the
 engine in a session of its own or takes the restored one as its child, the engine's internal sockets on
@@ -39,11 +40,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
 KEY = "0123456789abcdef"
 BROKEN_KEY = "fedcba9876543210"
-# The engine's output to a file: CRIU cannot take the container log's pipe along (not yet built).
-SERVE = (
-    "exec vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
-    " >/tmp/vllm.log 2>&1"
-)
+GATE_PORT = 8001
+SERVE = [
+    "vllm",
+    "serve",
+    "/models/tiny",
+    "--port",
+    "8000",
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "256",
+]
 
 
 def criu() -> str:
@@ -56,10 +64,14 @@ def criu() -> str:
     return built
 
 
-def pod(name: str, placement: dict[str, Any], volumes: dict[str, Path], restore_wait: int) -> dict[str, Any]:
-    """A pod whose engine_init starts `vllm serve` after `restore_wait` s unless a restore is claimed."""
+def pod(
+    name: str, placement: dict[str, Any], volumes: dict[str, Path], restore_wait: int, offer_bound: int
+) -> dict[str, Any]:
+    """A pod whose engine_init starts `vllm serve` after `restore_wait` s unless a restore is claimed, and
+    offers the engine it started for a dump for `offer_bound` s before it lets the readiness probe pass."""
     init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", str(restore_wait),
-            "--restore-bound", "120", "--", "sh", "-c", SERVE]  # fmt: skip
+            "--restore-bound", "120", "--health-url", "http://127.0.0.1:8000/health",
+            "--gate-port", str(GATE_PORT), "--offer-bound", str(offer_bound), "--", *SERVE]  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -88,8 +100,8 @@ def pod(name: str, placement: dict[str, Any], volumes: dict[str, Path], restore_
                         ),
                     ],
                     "resources": {"requests": {"memory": "3Gi"}},
-                    # The kubelet's probe: a pod is Ready only once an engine serves in it.
-                    "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 1},
+                    # engine_init's gate: Ready once an engine serves in it and any dump offer is over.
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": GATE_PORT}, "periodSeconds": 1},
                     "volumeMounts": [
                         {"name": "models", "mountPath": "/models", "readOnly": True},
                         {"name": "programs", "mountPath": PROGRAMS_MOUNT_PATH, "readOnly": True},
@@ -162,9 +174,10 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
     for directory in (models, programs):
         for path in [directory, *directory.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
-    # src starts its engine at once; dst and fallback wait for a restore.
-    for name, restore_wait in (("src", 0), ("dst", 600), ("fallback", 600)):
-        manifest = pod(name, real_node.placement(), {"models": models, "programs": programs}, restore_wait)
+    # src starts its engine at once and offers it for a dump; dst and fallback wait for a restore.
+    for name, restore_wait, offer_bound in (("src", 0, 600), ("dst", 600, 0), ("fallback", 600, 0)):
+        volumes = {"models": models, "programs": programs}
+        manifest = pod(name, real_node.placement(), volumes, restore_wait, offer_bound)
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
 
     def ready(name: str) -> bool:
@@ -182,14 +195,17 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         prefix = engine_init.LINE_PREFIX
         return [json.loads(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
 
-    wait_for(lambda: ready("src"), timeout=300, what="src Ready")
     running = {
         name: wait_for(lambda n=name: started(n), timeout=120, what=f"{name} running")
         for name in ("src", "dst", "fallback")
     }
     ip = {name: p["status"]["podIP"] for name, p in running.items()}
     container = {name: p["status"]["containerStatuses"][0]["containerID"] for name, p in running.items()}
-    before = wait_for(lambda: complete(ip["src"]), timeout=300, what="src's first completion")
+    src_init = container_init(container["src"].removeprefix("containerd://"))
+    offer = Path(f"/proc/{src_init}/root{engine_init.HANDSHAKE_DIRECTORY}/{engine_init.OFFER}")
+    wait_for(offer.exists, timeout=300, what="src's engine serving and offered for a dump")
+    before = complete(ip["src"])  # the agent's warm-up: the engine is out of its Service until the dump
+    assert before is not None and not ready("src")
 
     base = tmp_path / "snapshots"
     try:
@@ -197,7 +213,11 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         assert dumped.returncode == 0, dumped.stderr
         facts = json.loads(dumped.stdout)
         assert facts["imageBytes"] > 0 and facts["files"] > 0, facts
+        wait_for(lambda: ready("src"), timeout=30, what="src Ready once its dump is over")
         assert complete(ip["src"]) == before  # src went on serving
+        assert [event["event"] for event in init_events("src")] == ["starting", "offering", "serving"]
+        again = agent("dump", base, container["src"], namespace)
+        assert again.returncode == 1 and "offer is over" in again.stderr, again.stderr
 
         # Only a snapshot this agent completed, under its own namespace, service and key, is ever restored,
         # and only into a pod whose engine_init still waits.
@@ -222,8 +242,16 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         assert namespaces_of(engine) == namespaces_of(dst_init)
         assert Path(f"/proc/{engine}/cgroup").read_text() == Path(f"/proc/{dst_init}/cgroup").read_text()
         assert complete(ip["dst"]) == before
+        # Its output is dst's log: the pipes of src's log became dst's.
+        assert all(
+            os.readlink(f"/proc/{engine}/fd/{fd}") == os.readlink(f"/proc/{dst_init}/fd/{fd}")
+            for fd in (1, 2)
+        )
+        assert '"POST /v1/completions HTTP/1.1" 200' in kubectl("-n", namespace, "logs", "dst").stdout
         wait_for(lambda: ready("dst"), timeout=30, what="dst Ready by the kubelet's probe")
         assert [event["event"] for event in init_events("dst")] == ["restoring", "restored"]
+        refused = agent("dump", base, container["dst"], namespace)  # a restored engine is offered nowhere
+        assert refused.returncode == 1 and "offers no dump" in refused.stderr, refused.stderr
         assert complete(ip["src"]) == before
 
         # A snapshot CRIU cannot restore (its memory pages gone): the pod starts its engine as any pod does,

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -149,7 +152,7 @@ def test_sigterm_reaches_the_engine_and_before_any_engine_ends_the_wait(tmp_path
     ("arguments", "message"),
     [
         (["--restore-wait", "1", "--restore-bound", "1"], "no COMMAND after --"),
-        (["--restore-wait", "-1", "--restore-bound", "1", "--", "true"], "--restore-wait must be 0 or more"),
+        (["--restore-wait", "-1", "--restore-bound", "1", "--", "true"], "must be 0 or more"),
         (["--directory", "/nonexistent", "--restore-wait", "1", "--restore-bound", "1", "--", "true"],
          "is not a directory"),
     ],
@@ -162,3 +165,80 @@ def test_bad_arguments_are_refused(arguments: list[str], message: str) -> None:
         env=ENV,
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def ready(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except OSError:
+        return 0
+
+
+def gated(tmp_path: Path, offer_bound: float) -> tuple[list[str], Path, int]:
+    """engine_init with its gate and a dump offer, around Python's own HTTP server as the engine (it answers
+    /health once it listens); the argv, the handshake directory and the gate's port."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    handshake = tmp_path / "handshake"
+    handshake.mkdir()
+    engine_port, gate = free_port(), free_port()
+    engine = [
+        sys.executable,
+        "-m",
+        "http.server",
+        "-d",
+        str(tmp_path / "www"),
+        "-b",
+        "127.0.0.1",
+        str(engine_port),
+    ]
+    argv = [*command(handshake, 0, 5, *engine)]
+    argv[argv.index("--"):argv.index("--")] = [
+        "--health-url", f"http://127.0.0.1:{engine_port}/health", "--gate-port", str(gate),
+        "--offer-bound", str(offer_bound),
+    ]  # fmt: skip
+    return argv, handshake, gate
+
+
+def test_a_started_engine_is_offered_for_a_dump_and_kept_out_of_traffic_until_the_outcome(
+    tmp_path: Path,
+) -> None:
+    argv, handshake, gate = gated(tmp_path, 60)
+    serving = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_until(lambda: (handshake / engine_init.OFFER).exists())
+        assert ready(gate) == 503  # the engine serves, but is offered: out of traffic
+        assert claim(handshake, engine_init.DUMP, engine_init.DUMPING)
+        time.sleep(0.5)
+        assert ready(gate) == 503  # the dump under way
+        assert claim(handshake, engine_init.DUMPED, engine_init.DUMPED)
+        wait_until(lambda: ready(gate) == 200)
+        serving.send_signal(signal.SIGTERM)
+        stdout, _ = serving.communicate(timeout=10)
+    finally:
+        serving.kill()
+    found = events(stdout)
+    assert [event["event"] for event in found] == ["starting", "offering", "serving", "exited"]
+    assert found[2]["dump"] == "dumped"
+
+
+def test_an_offer_nobody_takes_is_declined_within_its_bound(tmp_path: Path) -> None:
+    argv, handshake, gate = gated(tmp_path, 0.5)
+    serving = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        wait_until(lambda: ready(gate) == 200)
+        # An agent that comes after the bound dumps nothing: the pod serves traffic now.
+        assert (handshake / engine_init.DUMP).read_text() == "declined\n"
+        assert not claim(handshake, engine_init.DUMP, engine_init.DUMPING)
+    finally:
+        serving.terminate()
+        serving.wait(timeout=10)

@@ -98,7 +98,7 @@ def test_the_files_copied_are_the_engines_own_on_the_container_filesystems():
     ]
 
 
-def test_criu_is_asked_for_the_external_namespaces_and_mounts_and_their_mapping():
+def test_criu_is_asked_for_the_external_namespaces_mounts_and_log_pipes_and_their_mapping():
     dump = plan.dump_arguments(
         "criu", 42, Path("/s/img"), {"pid": 7, "net": 9}, ["/etc/hosts", "/cache"], "d.log"
     )
@@ -108,13 +108,14 @@ def test_criu_is_asked_for_the_external_namespaces_and_mounts_and_their_mapping(
         "--external", "mnt[/etc/hosts]:m0", "--external", "mnt[/cache]:m1", "-o", "d.log",
     ]  # fmt: skip
     restore = plan.restore_arguments(
-        "criu", 77, Path("/s/img"), {"pid": 5, "net": 6}, "/rootfs", ["/h/hosts", "/h/cache"], "/kubepods/x",
-        "r.log",
+        "criu", 77, Path("/s/img"), {"pid": 5, "net": 6}, {"pipe:[31]": 8, "pipe:[30]": 7}, "/rootfs",
+        ["/h/hosts", "/h/cache"], "/kubepods/x", "r.log",
     )  # fmt: skip
     assert restore == [
         "nsenter", "--target=77", "--pid", "--", "unshare", "--mount", "--mount-proc", "--",
         "criu", "restore", "-d", "-D", "/s/img", "--tcp-established", "--link-remap",
-        "--inherit-fd", "fd[6]:netns", "--inherit-fd", "fd[5]:pidns", "--root", "/rootfs",
+        "--inherit-fd", "fd[6]:netns", "--inherit-fd", "fd[5]:pidns",
+        "--inherit-fd", "fd[7]:pipe:[30]", "--inherit-fd", "fd[8]:pipe:[31]", "--root", "/rootfs",
         "--external", "mnt[m0]:/h/hosts", "--external", "mnt[m1]:/h/cache", "--cgroup-root", "/kubepods/x",
         "-o", "r.log",
     ]  # fmt: skip

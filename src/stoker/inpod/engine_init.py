@@ -1,6 +1,7 @@
 """PID 1 of an engine container that a snapshot may be restored into (issue 40).
 
-    python3 -m stoker.inpod.engine_init [--directory DIR] --restore-wait S --restore-bound B -- COMMAND...
+    python3 -m stoker.inpod.engine_init [--directory DIR] --restore-wait S --restore-bound B \
+        [--health-url URL --gate-port P [--offer-bound O]] -- COMMAND...
 
 It starts nothing for up to --restore-wait seconds: in that time the node's snapshot agent may claim the
 container and restore a snapshot's engine into it. Without a claim it starts COMMAND itself, in a session of
@@ -17,6 +18,17 @@ both win:
 - DIR/outcome: `restored PID` or `failed REASON` (the agent's), or `abandoned` (this program's, when the
   bound is over: an agent that finishes later finds it and ends what it restored).
 
+A snapshot is taken only from an engine that has served nobody yet (a replica's memory holds its prompts, and
+a client's connection cannot be restored into another pod): with --offer-bound, once the engine it started
+answers --health-url, it offers a dump and keeps the pod out of its Service for up to O seconds:
+
+- DIR/offer: `ready` (this program's);
+- DIR/dump: `dumping` (the agent's claim) or `declined` (this program's, when nobody claimed within O);
+- DIR/dumped: `dumped` or `failed REASON` (the agent's).
+
+GET /ready on --gate-port (the pod's readiness probe) answers 200 only once the offer is over (at once for a
+restored engine or without --offer-bound) and while --health-url answers 200; 503 otherwise.
+
 Then it reaps every process that ends up its child and exits with the engine's exit status (128 + the
 signal for a signal); SIGTERM and SIGINT go to the engine's process group.
 """
@@ -30,7 +42,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from stoker.inpod import options_and_command, program_parser
 
@@ -44,6 +59,13 @@ START = "start"
 RESTORED = "restored"
 FAILED = "failed"
 ABANDONED = "abandoned"
+OFFER = "offer"
+DUMP = "dump"
+DUMPED = "dumped"
+OFFERED = "ready"
+DUMPING = "dumping"
+DECLINED = "declined"
+HEALTH_TIMEOUT_SECONDS = 2
 POLL_SECONDS = 0.2
 # prctl(PR_SET_CHILD_SUBREAPER): as PID 1 of its container it reaps orphans anyway; run anywhere else (a
 # test, a wrapper's child), the restored engine must still become its child.
@@ -109,6 +131,46 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     return None
 
 
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_SECONDS) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def offer_dump(directory: str, health_url: str, bound: float, serving: threading.Event) -> None:
+    """Once the engine serves, offer it for a dump for up to `bound` seconds, then let traffic in."""
+    while not healthy(health_url):
+        time.sleep(POLL_SECONDS)
+    claim(directory, OFFER, OFFERED)
+    say("offering", boundSeconds=bound)
+    deadline = time.monotonic() + bound
+    outcome = DECLINED
+    if settled(directory, DUMP, DECLINED, deadline) == DUMPING:
+        while (outcome := read_once(directory, DUMPED) or "") == "" and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+    say("serving", dump=(outcome or f"no outcome within {bound:g} s")[:1000])
+    serving.set()
+
+
+def serve_gate(port: int, health_url: str, serving: threading.Event) -> None:
+    """GET /ready: 200 once `serving` is set and while the engine is healthy."""
+
+    class Gate(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ready = self.path == "/ready" and serving.is_set() and healthy(health_url)
+            self.send_response(200 if ready else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:  # a probe a second is no log line
+            pass
+
+    server = ThreadingHTTPServer(("", port), Gate)
+    threading.Thread(target=server.serve_forever, name="gate", daemon=True).start()
+
+
 def exit_code(status: int) -> int:
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
@@ -140,12 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--restore-bound", type=float, required=True, help="seconds a restore may take once claimed"
     )
+    parser.add_argument("--health-url", help="the engine's health endpoint, for --gate-port and the offer")
+    parser.add_argument("--gate-port", type=int, help="where GET /ready answers (the readiness probe)")
+    parser.add_argument(
+        "--offer-bound",
+        type=float,
+        default=0,
+        help="seconds a started engine is offered for a dump (default 0)",
+    )
     own, command = options_and_command(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
     if not command:
         parser.error("no COMMAND after --")
-    if args.restore_wait < 0 or args.restore_bound <= 0:
-        parser.error("--restore-wait must be 0 or more and --restore-bound more than 0")
+    if args.restore_wait < 0 or args.restore_bound <= 0 or args.offer_bound < 0:
+        parser.error("--restore-wait and --offer-bound must be 0 or more, --restore-bound more than 0")
+    if (args.gate_port is not None or args.offer_bound > 0) and not args.health_url:
+        parser.error("--gate-port and --offer-bound need --health-url")
     if not os.path.isdir(args.directory):
         parser.error(f"--directory {args.directory} is not a directory")
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -159,13 +231,26 @@ def main(argv: list[str] | None = None) -> int:
 
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, forward)
-    engine = restored_engine(args.directory, args.restore_wait, args.restore_bound)
-    if engine is None:
+    serving = threading.Event()
+    if args.gate_port is not None:
+        serve_gate(args.gate_port, args.health_url, serving)
+    restored = restored_engine(args.directory, args.restore_wait, args.restore_bound)
+    if restored is not None:
+        engine = restored
+        serving.set()  # offered once already, as the source
+    else:
         try:
-            engine = subprocess.Popen(command, start_new_session=True).pid
+            # Held to the end: a Popen collected once its child has exited would reap it before reap() can.
+            started = subprocess.Popen(command, start_new_session=True)
         except OSError as failed:
             say("failed", reason=f"{command[0]}: {failed.strerror}")
             return 127
+        engine = started.pid
+        if args.offer_bound > 0:
+            offer = (args.directory, args.health_url, args.offer_bound, serving)
+            threading.Thread(target=offer_dump, args=offer, name="offer", daemon=True).start()
+        else:
+            serving.set()
     engines.append(engine)
     code = reap(engine)
     say("exited", code=code)

@@ -8,10 +8,12 @@ agent); what it does is planned by stoker.snapshot.plan.
 
 `--container` is the runtime's container ID (a pod's containerStatuses[].containerID without its scheme). A
 snapshot lives in DIR/NS/NAME/KEY, a directory no pod mounts; a restore takes only a directory that a dump of
-this agent completed, and never another namespace's, service's or key's. A restore goes into a container
-whose PID 1 is stoker.inpod.engine_init, waiting: the agent claims it first, and tells it the outcome, so
-that a restore that fails or comes too late ends in the engine's normal start, never in two engines. Each
-prints one JSON line; a failure is one line on stderr and exit status 1.
+this agent completed, and never another namespace's, service's or key's. Both go through the container's
+PID 1, stoker.inpod.engine_init, and its handshake files: a dump takes only an engine that engine_init
+offers (serving, and kept out of its Service until the dump's outcome), a restore goes only into a
+container whose engine_init still waits; the agent claims each first and tells the outcome, so that a
+restore that fails or comes too late ends in the engine's normal start, never in two engines. Each prints
+one JSON line; a failure is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -278,6 +281,11 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
         if not on_root or changed(upper, path)
     ]
     namespaces = {kind: (PROC / str(init) / "ns" / kind).stat().st_ino for kind in ("pid", "net")}
+    log_pipes = {
+        str(fd): pipe
+        for fd in plan.LOG_DESCRIPTORS
+        if plan.PIPE.fullmatch(pipe := os.readlink(PROC / str(engine) / "fd" / str(fd)))
+    }
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
     began = time.monotonic()
@@ -293,7 +301,12 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
         (image / FILES).mkdir()
         for number, held in enumerate(files):  # by number: no name of the tenant's becomes a path of ours
             copy_out(root, held, image / FILES / str(number))
-        manifest = {"carried": carried, "files": files, "highestPid": highest_pid(pids)}
+        manifest = {
+            "carried": carried,
+            "files": files,
+            "highestPid": highest_pid(pids),
+            "logPipes": log_pipes,
+        }
         (image / MANIFEST).write_text(json.dumps(manifest))
     except BaseException:
         shutil.rmtree(image, ignore_errors=True)  # gigabytes that no restore would take
@@ -324,22 +337,70 @@ def create_once(directory: int, name: str, text: str) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def handshake_directory(init: int, handshake: str) -> Iterator[int]:
+    """engine_init's directory in the container whose PID 1 is `init`, open (no symlink followed)."""
+    directory = open_inside(PROC / str(init) / "root", handshake, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield directory
+    finally:
+        os.close(directory)
+
+
+def read_small(directory: int, name: str) -> str | None:
+    """The first line of NAME in the open `directory` (a regular file, no symlink followed), or None."""
+    try:
+        descriptor = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory
+        )
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        return os.read(descriptor, 256).decode(errors="replace").strip() or None
+    finally:
+        os.close(descriptor)
+
+
+def told(failed: BaseException) -> str:
+    """A failure as one line for engine_init's log (CRIU's error is at the end of its log)."""
+    reason = " | ".join(str(failed).splitlines())
+    return f"{reason[:300]} ... {reason[-600:]}" if len(reason) > 1000 else reason
+
+
+def dump_offered(image: Path, container: str, criu: str, handshake: str) -> dict[str, object]:
+    """Dump the engine of `container` while its engine_init offers it (serving, and nobody else yet), and
+    tell engine_init the outcome."""
+    init = container_init(container)
+    with handshake_directory(init, handshake) as directory:
+        if read_small(directory, engine_init.OFFER) != engine_init.OFFERED:
+            raise SnapshotError(
+                f"{container} offers no dump (its engine is not serving yet, or was restored)"
+            )
+        if not create_once(directory, engine_init.DUMP, engine_init.DUMPING):
+            raise SnapshotError(f"{container}'s offer is over (it serves): not dumped")
+        try:
+            facts = dump(image, container, criu)
+        except FAILURES as failed:
+            create_once(directory, engine_init.DUMPED, f"{engine_init.FAILED} {told(failed)}")
+            raise
+        create_once(directory, engine_init.DUMPED, engine_init.DUMPED)
+    return facts
+
+
 def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> dict[str, int | float]:
     """Claim `container` from its waiting engine_init (`handshake`: its directory in the container), restore
     `image` into it and tell engine_init the outcome."""
     manifest = completed_manifest(image)  # no snapshot: the pod is left to its normal start
     init = container_init(container)
-    directory = open_inside(PROC / str(init) / "root", handshake, os.O_RDONLY | os.O_DIRECTORY)
-    try:
+    with handshake_directory(init, handshake) as directory:
         if not create_once(directory, engine_init.DECISION, engine_init.RESTORE):
             raise SnapshotError(f"{container} started its engine already (or was claimed): not restored")
         try:
             restored = restore(image, manifest, container, init, criu)
         except FAILURES as failed:
-            reason = " | ".join(str(failed).splitlines())
-            if len(reason) > 1000:  # CRIU's error is at the end of its log
-                reason = f"{reason[:300]} ... {reason[-600:]}"
-            create_once(directory, engine_init.OUTCOME, f"{engine_init.FAILED} {reason}")
+            create_once(directory, engine_init.OUTCOME, f"{engine_init.FAILED} {told(failed)}")
             raise
         engine = int(restored["pid"])
         inside = namespace_pids(PROC / str(engine) / "status")[-1]
@@ -348,8 +409,6 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             raise SnapshotError(f"{container} stopped waiting before the restore ended: its engine ended")
-    finally:
-        os.close(directory)
     return restored
 
 
@@ -367,15 +426,19 @@ def restore(
     for number, held in enumerate(manifest["files"]):
         copy_in(image / FILES / str(number), PROC / str(init) / "root", held)
     descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
-    argv = plan.restore_arguments(
-        criu, init, image, descriptors, root, sources, cgroup_of(init), "restore.log"
-    )
-    began = time.monotonic()
+    pipes: dict[str, int] = {}
     try:
+        for fd, pipe in manifest["logPipes"].items():
+            if pipe not in pipes:  # standard error the same pipe as the output: one descriptor
+                pipes[pipe] = log_pipe(init, int(fd))
+        argv = plan.restore_arguments(
+            criu, init, image, descriptors, pipes, root, sources, cgroup_of(init), "restore.log"
+        )
+        began = time.monotonic()
         subprocess.run(plan.pid_counter_arguments(init, manifest["highestPid"]), check=True)
-        attempts = attempt_restore(argv, tuple(descriptors.values()))
+        attempts = attempt_restore(argv, (*descriptors.values(), *pipes.values()))
     finally:
-        for descriptor in descriptors.values():
+        for descriptor in (*descriptors.values(), *pipes.values()):
             os.close(descriptor)
     if attempts is None:
         raise SnapshotError(f"criu restore failed {RESTORE_ATTEMPTS} times: {criu_log(image, 'restore.log')}")
@@ -386,6 +449,21 @@ def restore(
             f"after the restore PID 1 of {container} has {len(engines)} children, not the engine"
         )
     return {"restoreSeconds": seconds, "pid": engines[0], "attempts": attempts}
+
+
+def log_pipe(init: int, fd: int) -> int:
+    """The target container's log pipe that its PID 1 holds as `fd`, open for writing in blocking mode (as
+    the engine's standard output is)."""
+    path = PROC / str(init) / "fd" / str(fd)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # no reader: ENXIO, no hang
+    except OSError as failed:
+        raise SnapshotError(f"the container's descriptor {fd}: {failed.strerror}") from failed
+    if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise SnapshotError(f"the container's descriptor {fd} is not its log's pipe")
+    os.set_blocking(descriptor, True)
+    return descriptor
 
 
 def attempt_restore(argv: list[str], descriptors: tuple[int, ...]) -> int | None:
@@ -413,14 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--handshake",
         default=engine_init.HANDSHAKE_DIRECTORY,
-        help="restore: engine_init's directory in the container (default: %(default)s)",
+        help="engine_init's directory in the container (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     try:
         image = plan.image_directory(args.base, args.namespace, args.service, args.cache_key)
         container = args.container.removeprefix("containerd://")
         if args.action == "dump":
-            print(json.dumps(dump(image, container, args.criu)))
+            print(json.dumps(dump_offered(image, container, args.criu, args.handshake)))
         else:
             print(json.dumps(restore_into_pod(image, container, args.criu, args.handshake)))
     except FAILURES as failed:

@@ -25,6 +25,11 @@ LOOPBACK_ENVIRONMENT = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
 CRIU_FILE_OPTIONS = ["--tcp-established", "--link-remap"]
 # What /proc/PID/fd and map_files name that is not a file on a filesystem.
 NOT_A_PATH = re.compile(r"^(pipe|socket|anon_inode|memfd|/dev/(?!shm/)|/proc/|/sys/)|\(deleted\)$")
+# The engine's standard output and error: the container's log, pipes to the runtime, which a restore connects
+# to the target container's (CRIU dumps a pipe whose other end is outside the tree; `--inherit-fd` gives it
+# one on restore).
+LOG_DESCRIPTORS = (1, 2)
+PIPE = re.compile(r"^pipe:\[[0-9]+\]$")
 NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"  # the writer's own PID namespace's counter
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 CACHE_KEY = re.compile(r"^[0-9a-f]{8,64}$")
@@ -159,17 +164,20 @@ def restore_arguments(
     target_init: int,
     image: Path,
     namespace_fds: dict[str, int],
+    pipe_fds: dict[str, int],
     root: str,
     sources: list[str],
     cgroup_root: str,
     log: str,
 ) -> list[str]:
     """`criu restore` into the target's namespaces (open as `namespace_fds` in CRIU), on its root, with the
-    carried mounts mapped to `sources` (mapped_mounts' order) and the tree in its cgroup. CRIU itself runs
-    in the target's PID namespace: an orphan goes to its dead parent's namespace's init, so the restored
-    engine, once CRIU exits, is the child of the target's PID 1, which reaps it (run from the host's
-    namespace, it would be the host's init's)."""
+    carried mounts mapped to `sources` (mapped_mounts' order) and the tree in its cgroup; each dumped pipe
+    of `pipe_fds` ("pipe:[INODE]", the source container's log) becomes the target's pipe open there as that
+    descriptor. CRIU itself runs in the target's PID namespace: an orphan goes to its dead parent's
+    namespace's init, so the restored engine, once CRIU exits, is the child of the target's PID 1, which
+    reaps it (run from the host's namespace, it would be the host's init's)."""
     inherited = [f"fd[{fd}]:{kind}ns" for kind, fd in sorted(namespace_fds.items())]
+    inherited += [f"fd[{fd}]:{pipe}" for pipe, fd in sorted(pipe_fds.items())]
     mapped = [f"mnt[m{index}]:{source}" for index, source in enumerate(sources)]
     return [
         "nsenter",
