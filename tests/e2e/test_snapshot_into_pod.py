@@ -1,15 +1,17 @@
-"""The snapshot agent on the real node (issue 40): a vLLM CPU server running in one pod is dumped by CRIU
-(stoker.snapshot.agent, as root on the host, as the privileged node agent runs it) while it goes on serving,
-and restored into a second running pod, which then answers the same greedy completion through its own pod
-IP, its engine in that pod's PID and network namespaces and cgroup, and the kubelet's readiness probe finds it
-(the pod was not Ready before). The agent restores only a snapshot it completed, from its own directory, keyed
-by namespace, service and cache key, and only into a pod whose PID 1 (stoker.inpod.engine_init) is still
-waiting; the restored engine writes to that pod's log, and a restore that fails ends in the engine's normal
-start, which the pod's log says.
+"""The snapshot agent on the real node (issue 40), as a node runs it (`python -m stoker.snapshot.agent
+serve`, root on the host, the node's pods from the API server): pods labelled for snapshots, their PID 1
+stoker.inpod.engine_init, vLLM's CPU build serving.
 
-The pods are shaped as a restore needs them (stoker.snapshot.plan): engine_init as PID 1, which starts the
-engine in a session of its own or takes the restored one as its child, the engine's internal sockets on
-loopback."""
+- The first replica of a cache key finds no snapshot: the agent tells it to start at once, and once it
+  serves (and before it is Ready, so before anyone but the test reaches it) dumps it; it is Ready after.
+- The next replica of the key on the node is restored from that snapshot instead of starting: its engine in
+  its own PID and network namespaces and cgroup, its PID 1's child, writing to its own log, Ready by the
+  kubelet's probe, answering the same greedy completion through its own pod IP.
+- A replica whose key's snapshot cannot be restored (its memory pages removed) starts its engine itself
+  within the bound, its log saying why; the agent drops that snapshot and dumps this replica instead, the
+  service's other key's snapshot going with it (one per service).
+- Called by hand, the agent refuses names that lead out of its directory, another namespace's or service's
+  snapshot, and a dump of an engine that is not offered."""
 
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ import pytest
 from bench.conformance import tiny_model
 from bench.snapshot.criu_tree import criu_binary
 
-from stoker.api.owned import PROGRAMS_MOUNT_PATH
+from stoker.api.owned import CACHE_KEY_LABEL, INSTANCE_LABEL, PROGRAMS_MOUNT_PATH, SNAPSHOT_LABEL
 from stoker.cli import copy_programs
 from stoker.engines import DEFAULT_ENGINE_VERSION
 from stoker.inpod import engine_init
+from stoker.render.pods import ENGINE_CONTAINER
 from stoker.snapshot import plan
 from stoker.snapshot.agent import children, container_init
 from tests.conftest import REPO, Cluster, Kubectl, RealNode
@@ -64,18 +67,19 @@ def criu() -> str:
     return built
 
 
-def pod(
-    name: str, placement: dict[str, Any], volumes: dict[str, Path], restore_wait: int, offer_bound: int
-) -> dict[str, Any]:
-    """A pod whose engine_init starts `vllm serve` after `restore_wait` s unless a restore is claimed, and
-    offers the engine it started for a dump for `offer_bound` s before it lets the readiness probe pass."""
-    init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", str(restore_wait),
-            "--restore-bound", "120", "--health-url", "http://127.0.0.1:8000/health",
-            "--gate-port", str(GATE_PORT), "--offer-bound", str(offer_bound), "--", *SERVE]  # fmt: skip
+def pod(name: str, key: str, placement: dict[str, Any], volumes: dict[str, Path]) -> dict[str, Any]:
+    """A replica as the agent finds it: labelled with its service and cache key, engine_init waiting up to
+    10 min for the agent's restore and offering a started engine for a dump for up to 10 min."""
+    init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", "600", "--restore-bound", "120",
+            "--health-url", "http://127.0.0.1:8000/health", "--gate-port", str(GATE_PORT),
+            "--offer-bound", "600", "--", *SERVE]  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {
+            "name": name,
+            "labels": {SNAPSHOT_LABEL: "true", INSTANCE_LABEL: "tiny", CACHE_KEY_LABEL: key},
+        },
         "spec": {
             **placement,
             # Root: CRIU reads each process's rlimits, which for another user's process takes
@@ -87,7 +91,7 @@ def pod(
             },
             "containers": [
                 {
-                    "name": "vllm",
+                    "name": ENGINE_CONTAINER,
                     "image": IMAGE,
                     "imagePullPolicy": "IfNotPresent",
                     "command": init,
@@ -160,7 +164,7 @@ def namespaces_of(pid: int) -> dict[str, str]:
     return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "net")}
 
 
-def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_into(
+def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_back(
     real_node: RealNode, cluster: Cluster, namespace: str, kubectl: Kubectl, engine_venv: Path, tmp_path: Path
 ) -> None:
     models = cluster.work_dir / "volumes" / "snapshot-models"
@@ -174,11 +178,18 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
     for directory in (models, programs):
         for path in [directory, *directory.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
-    # src starts its engine at once and offers it for a dump; dst and fallback wait for a restore.
-    for name, restore_wait, offer_bound in (("src", 0, 600), ("dst", 600, 0), ("fallback", 600, 0)):
-        volumes = {"models": models, "programs": programs}
-        manifest = pod(name, real_node.placement(), volumes, restore_wait, offer_bound)
-        kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
+    volumes = {"models": models, "programs": programs}
+
+    def create(name: str, key: str) -> dict[str, Any]:
+        kubectl(
+            "-n",
+            namespace,
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(pod(name, key, real_node.placement(), volumes)),
+        )
+        return wait_for(lambda: started(name), timeout=120, what=f"{name} running")
 
     def ready(name: str) -> bool:
         return (
@@ -195,50 +206,38 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
         prefix = engine_init.LINE_PREFIX
         return [json.loads(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
 
-    running = {
-        name: wait_for(lambda n=name: started(n), timeout=120, what=f"{name} running")
-        for name in ("src", "dst", "fallback")
-    }
-    ip = {name: p["status"]["podIP"] for name, p in running.items()}
-    container = {name: p["status"]["containerStatuses"][0]["containerID"] for name, p in running.items()}
-    src_init = container_init(container["src"].removeprefix("containerd://"))
-    offer = Path(f"/proc/{src_init}/root{engine_init.HANDSHAKE_DIRECTORY}/{engine_init.OFFER}")
-    wait_for(offer.exists, timeout=300, what="src's engine serving and offered for a dump")
-    before = complete(ip["src"])  # the agent's warm-up: the engine is out of its Service until the dump
-    assert before is not None and not ready("src")
-
     base = tmp_path / "snapshots"
+    service = base / namespace / "tiny"
+    agent_log = tmp_path / "agent.log"
+    with agent_log.open("w") as log:
+        serving_agent = subprocess.Popen(
+            [sys.executable, "-m", "stoker.snapshot.agent", "serve", "--base", str(base),
+             "--node", real_node.name, "--criu", criu(), "--interval", "1", "--reserve-bytes", "0"],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(cluster.env, PYTHONPATH=str(REPO / "src")),
+        )  # fmt: skip
+
+    def agent_lines() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in agent_log.read_text().splitlines() if line.startswith("{")]
+
     try:
-        dumped = agent("dump", base, container["src"], namespace)
-        assert dumped.returncode == 0, dumped.stderr
-        facts = json.loads(dumped.stdout)
-        assert facts["imageBytes"] > 0 and facts["files"] > 0, facts
-        wait_for(lambda: ready("src"), timeout=30, what="src Ready once its dump is over")
-        assert complete(ip["src"]) == before  # src went on serving
-        assert [event["event"] for event in init_events("src")] == ["starting", "offering", "serving"]
-        again = agent("dump", base, container["src"], namespace)
-        assert again.returncode == 1 and "offer is over" in again.stderr, again.stderr
+        # The key's first replica: told to start at once, dumped once it serves, Ready after.
+        src = create("src", KEY)
+        wait_for(lambda: ready("src"), timeout=300, what="src Ready once it is dumped")
+        assert (service / KEY / "stoker-snapshot.json").exists()
+        starting, offering, serving = init_events("src")
+        assert starting == {"event": "starting", "reason": plan.NO_SNAPSHOT}, starting
+        assert offering["event"] == "offering" and serving == {"event": "serving", "dump": "dumped"}, serving
+        ip = {"src": src["status"]["podIP"]}
+        before = complete(ip["src"])
+        assert before is not None
 
-        # Only a snapshot this agent completed, under its own namespace, service and key, is ever restored,
-        # and only into a pod whose engine_init still waits.
-        for names, refusal in (
-            ({"namespace": "other"}, "no completed snapshot"),
-            ({"service": "other"}, "no completed snapshot"),
-            ({"cache_key": BROKEN_KEY}, "no completed snapshot"),
-            ({"namespace": ".."}, "not a valid name"),
-            ({"cache_key": "../../etc"}, "not a valid name"),
-        ):
-            refused = agent("restore", base, container["dst"], **{"namespace": namespace, **names})
-            assert refused.returncode == 1 and refusal in refused.stderr, (names, refused.stderr)
-        refused = agent("restore", base, container["src"], namespace)
-        assert refused.returncode == 1 and "started its engine already" in refused.stderr, refused.stderr
-        dst_init = container_init(container["dst"].removeprefix("containerd://"))
-        assert children(dst_init) == [] and not ready("dst")
-
-        restored = agent("restore", base, container["dst"], namespace)
-        assert restored.returncode == 0, restored.stderr
-        engine = json.loads(restored.stdout)["pid"]
-        assert children(dst_init) == [engine]  # PID 1's child, as the engine was in src: PID 1 reaps it
+        # The next replica on the node: restored, not started.
+        dst = create("dst", KEY)
+        ip["dst"] = dst["status"]["podIP"]
+        wait_for(lambda: ready("dst"), timeout=120, what="dst Ready by the kubelet's probe, restored")
+        assert [event["event"] for event in init_events("dst")] == ["restoring", "restored"]
+        dst_init = container_init(dst["status"]["containerStatuses"][0]["containerID"].partition("://")[2])
+        (engine,) = children(dst_init)  # PID 1's child, as the engine was in src: PID 1 reaps it
         assert namespaces_of(engine) == namespaces_of(dst_init)
         assert Path(f"/proc/{engine}/cgroup").read_text() == Path(f"/proc/{dst_init}/cgroup").read_text()
         assert complete(ip["dst"]) == before
@@ -248,25 +247,46 @@ def test_an_engine_dumped_from_one_pod_serves_from_another_pod_it_is_restored_in
             for fd in (1, 2)
         )
         assert '"POST /v1/completions HTTP/1.1" 200' in kubectl("-n", namespace, "logs", "dst").stdout
-        wait_for(lambda: ready("dst"), timeout=30, what="dst Ready by the kubelet's probe")
-        assert [event["event"] for event in init_events("dst")] == ["restoring", "restored"]
-        refused = agent("dump", base, container["dst"], namespace)  # a restored engine is offered nowhere
-        assert refused.returncode == 1 and "offers no dump" in refused.stderr, refused.stderr
         assert complete(ip["src"]) == before
 
-        # A snapshot CRIU cannot restore (its memory pages gone): the pod starts its engine as any pod does,
-        # and its log says why.
-        broken = base / namespace / "tiny" / BROKEN_KEY
-        subprocess.run(["cp", "-al", base / namespace / "tiny" / KEY, broken], check=True)
-        for pages in broken.glob("pages-*.img"):
+        # A snapshot CRIU cannot restore (its memory pages gone): the replica starts its engine as any does,
+        # its log says why, and it is dumped in place of the broken snapshot.
+        subprocess.run(["cp", "-al", service / KEY, service / BROKEN_KEY], check=True)
+        for pages in (service / BROKEN_KEY).glob("pages-*.img"):
             pages.unlink()
-        failed = agent("restore", base, container["fallback"], namespace, cache_key=BROKEN_KEY)
-        assert failed.returncode == 1 and "criu restore failed" in failed.stderr, failed.stderr
-        wait_for(lambda: ready("fallback"), timeout=300, what="fallback Ready by its normal start")
-        restoring, starting = init_events("fallback")
+        fallback = create("fallback", BROKEN_KEY)
+        ip["fallback"] = fallback["status"]["podIP"]
+        wait_for(lambda: ready("fallback"), timeout=300, what="fallback Ready by its own start, then dumped")
+        restoring, starting, offering, serving = init_events("fallback")
         assert restoring["event"] == "restoring" and starting["event"] == "starting", (restoring, starting)
         assert str(starting["reason"]).startswith("restore failed: criu restore failed 3 times"), starting
+        assert serving == {"event": "serving", "dump": "dumped"}, serving
         assert complete(ip["fallback"]) == before
-        print(f"\ndump {facts}, restore {json.loads(restored.stdout)}")
+        assert sorted(path.name for path in service.iterdir()) == [BROKEN_KEY]  # one snapshot per service
+
+        by_pod = [(line["action"], line["pod"].split("/")[1], "error" in line) for line in agent_lines()]
+        assert by_pod == [
+            ("start", "src", False), ("dump", "src", False), ("restore", "dst", False),
+            ("restore", "fallback", True), ("dump", "fallback", False),
+        ], by_pod  # fmt: skip
+
+        # By hand: nothing outside the agent's directory, of another namespace or service, nor a dump of an
+        # engine that is not offered.
+        container = fallback["status"]["containerStatuses"][0]["containerID"]
+        for names, refusal in (
+            ({"namespace": "other", "cache_key": BROKEN_KEY}, "no completed snapshot"),
+            ({"service": "other", "cache_key": BROKEN_KEY}, "no completed snapshot"),
+            ({"namespace": ".."}, "not a valid name"),
+            ({"cache_key": "../../etc"}, "not a valid name"),
+        ):
+            refused = agent("restore", base, container, **{"namespace": namespace, **names})
+            assert refused.returncode == 1 and refusal in refused.stderr, (names, refused.stderr)
+        refused = agent("restore", base, container, namespace, cache_key=BROKEN_KEY)
+        assert refused.returncode == 1 and "started its engine already" in refused.stderr, refused.stderr
+        refused = agent("dump", base, dst["status"]["containerStatuses"][0]["containerID"], namespace)
+        assert refused.returncode == 1 and "offers no dump" in refused.stderr, refused.stderr
+        print("\n" + "\n".join(json.dumps(line) for line in agent_lines()))
     finally:
+        serving_agent.kill()
+        serving_agent.wait()
         shutil.rmtree(base, ignore_errors=True)  # gigabytes

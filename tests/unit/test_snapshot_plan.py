@@ -149,3 +149,42 @@ def test_the_target_pid_counter_is_moved_past_the_trees_pids_before_criu_runs_in
     assert plan.pid_counter_arguments(77, 412) == [
         "nsenter", "--target=77", "--pid", "--", "sh", "-c", "echo 412 > /proc/sys/kernel/ns_last_pid",
     ]  # fmt: skip
+
+
+def handshake(name, namespace="team-a", key="ab12cd34", decision=None, offered=False, dump=None):
+    return plan.PodHandshake(namespace, name, "llama", key, f"c-{name}", decision, offered, dump)
+
+
+def kinds(actions):
+    return [(action.kind, action.pod.name, action.reason) for action in actions]
+
+
+def test_a_waiting_pod_is_restored_from_its_own_keys_snapshot_only_else_told_to_start():
+    completed = {("team-a", "llama", "ab12cd34")}
+    pods = [
+        handshake("same-key"),
+        handshake("other-key", key="ffff0000"),
+        # Another namespace with the same service name and cache key: never team-a's snapshot.
+        handshake("other-namespace", namespace="team-b"),
+    ]
+    assert kinds(plan.node_actions(pods, completed)) == [
+        ("start", "other-key", plan.NO_SNAPSHOT),
+        ("start", "other-namespace", plan.NO_SNAPSHOT),
+        ("restore", "same-key", ""),
+    ]
+
+
+def test_one_offered_replica_per_key_is_dumped_the_rest_declined_at_once():
+    pods = [
+        handshake("b", decision="start", offered=True),
+        handshake("a", decision="start", offered=True),
+        handshake("has", key="ffff0000", decision="start", offered=True),
+        handshake("over", decision="start", offered=True, dump="declined"),
+        handshake("serving", decision="start"),  # started without an offer: nothing to do
+        handshake("restored", decision="restore"),
+    ]
+    assert kinds(plan.node_actions(pods, {("team-a", "llama", "ffff0000")})) == [
+        ("decline", "b", plan.DUMPING_ANOTHER),
+        ("decline", "has", plan.HAVE_SNAPSHOT),
+        ("dump", "a", ""),
+    ]

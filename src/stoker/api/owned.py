@@ -13,6 +13,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 CACHE_KEY_LABEL = "stoker.dev/cache-key"
 # Standby replicas: the Service selects role=active; the operator moves pods between the roles.
 ROLE_LABEL = "stoker.dev/role"
+# A pod whose PID 1 is engine_init, for the node's snapshot agent (issue 40): "true".
+SNAPSHOT_LABEL = "stoker.dev/snapshot"
 
 CACHE_KEY_ANNOTATION = "stoker.dev/cache-key"
 ASLEEP_ANNOTATION = "stoker.dev/asleep-at"

@@ -235,6 +235,15 @@ class Kube:
         items = json.loads(response.data).get("items")
         return [item for item in items or [] if isinstance(item, dict)]
 
+    def node_pods(self, node: str, label_selector: str) -> list[Manifest]:
+        """The pods of every namespace bound to `node` with the labels, as plain JSON (the snapshot agent's
+        view of its node)."""
+        response: Any = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", label_selector=label_selector, _preload_content=False
+        )
+        items = json.loads(response.data).get("items")
+        return [item for item in items or [] if isinstance(item, dict)]
+
     def scale_service_from_zero(self, namespace: str, name: str) -> Manifest | None:
         """Set a VLLMService's replicas from 0 to 1 through its scale subresource, as an autoscaler does:
         the Scale is replaced with the resourceVersion it was read at (409 if it changed since). Returns

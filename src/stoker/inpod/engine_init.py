@@ -14,7 +14,8 @@ The decision and the outcome are files in DIR (an emptyDir of the pod that the a
 container's root), each created once and never replaced (O_EXCL), so that the program and the agent cannot
 both win:
 
-- DIR/decision: `restore` (the agent's claim) or `start` (this program's, when the wait is over);
+- DIR/decision: `restore` (the agent's claim), or `start` (this program's, when the wait is over, or the
+  agent's, with its reason: no snapshot to restore);
 - DIR/outcome: `restored PID` or `failed REASON` (the agent's), or `abandoned` (this program's, when the
   bound is over: an agent that finishes later finds it and ends what it restored).
 
@@ -23,7 +24,8 @@ a client's connection cannot be restored into another pod): with --offer-bound, 
 answers --health-url, it offers a dump and keeps the pod out of its Service for up to O seconds:
 
 - DIR/offer: `ready` (this program's);
-- DIR/dump: `dumping` (the agent's claim) or `declined` (this program's, when nobody claimed within O);
+- DIR/dump: `dumping` (the agent's claim), or `declined` (this program's, when nobody claimed within O, or
+  the agent's, with its reason: the node has this snapshot already);
 - DIR/dumped: `dumped` or `failed REASON` (the agent's).
 
 GET /ready on --gate-port (the pod's readiness probe) answers 200 only once the offer is over (at once for a
@@ -117,8 +119,10 @@ def settled(directory: str, name: str, mine: str, deadline: float) -> str:
 def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     """The PID of the engine the agent restored, or None: start the command."""
     began = time.monotonic()
-    if settled(directory, DECISION, START, began + wait) != RESTORE:
-        say("starting", reason=f"no restore claimed within {wait:g} s")
+    decision = settled(directory, DECISION, START, began + wait)
+    if decision != RESTORE:
+        _, _, told = decision.partition(" ")  # the agent's reason, when it decided
+        say("starting", reason=told[:1000] or f"no restore claimed within {wait:g} s")
         return None
     say("restoring", claimedAfterSeconds=round(time.monotonic() - began, 3))
     outcome = settled(directory, OUTCOME, ABANDONED, time.monotonic() + bound)
@@ -146,8 +150,8 @@ def offer_dump(directory: str, health_url: str, bound: float, serving: threading
     claim(directory, OFFER, OFFERED)
     say("offering", boundSeconds=bound)
     deadline = time.monotonic() + bound
-    outcome = DECLINED
-    if settled(directory, DUMP, DECLINED, deadline) == DUMPING:
+    outcome = settled(directory, DUMP, DECLINED, deadline)  # `declined`, and the agent's reason if its
+    if outcome == DUMPING:
         while (outcome := read_once(directory, DUMPED) or "") == "" and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
     say("serving", dump=(outcome or f"no outcome within {bound:g} s")[:1000])

@@ -30,17 +30,20 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NoReturn, TypedDict
 
+from stoker.api.owned import CACHE_KEY_LABEL, INSTANCE_LABEL, SNAPSHOT_LABEL
 from stoker.inpod import engine_init
+from stoker.render.pods import ENGINE_CONTAINER
 from stoker.snapshot import plan
 
 # Written last by a dump that completed: what the restore needs beside CRIU's images.
 MANIFEST = "stoker-snapshot.json"
 FILES = "files"
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+CONTAINER_IN_CGROUP = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 PROC = Path("/proc")
 # Right after a failed attempt the tree's PIDs can stay taken a moment ("Can't fork for PID: File exists").
 RESTORE_ATTEMPTS = 3
@@ -70,22 +73,33 @@ def namespace_pids(status: Path) -> list[str]:
     return next((line.split()[1:] for line in lines if line.startswith("NSpid:")), [])
 
 
-def container_init(container: str) -> int:
-    """The host PID of the container's PID 1: in the container's cgroup, PID 1 in its own namespace."""
-    if not CONTAINER_ID.fullmatch(container):
-        raise SnapshotError(f"{container!r} is not a container ID (64 hex digits)")
+def container_inits() -> dict[str, int]:
+    """Every running container's ID and the host PID of its PID 1 (a process in a cgroup named by the ID,
+    PID 1 in its own namespace), from one scan of /proc."""
+    found: dict[str, int] = {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if container not in (entry / "cgroup").read_text():
-                continue
             nspid = namespace_pids(entry / "status")
+            if len(nspid) < 2 or nspid[-1] != "1":
+                continue
+            ids = set(CONTAINER_IN_CGROUP.findall((entry / "cgroup").read_text()))
         except OSError:
             continue
-        if len(nspid) > 1 and nspid[-1] == "1":
-            return int(entry.name)
-    raise SnapshotError(f"no running container {container} on this node")
+        for container in ids:
+            found[container] = int(entry.name)
+    return found
+
+
+def container_init(container: str) -> int:
+    """The host PID of the container's PID 1."""
+    if not CONTAINER_ID.fullmatch(container):
+        raise SnapshotError(f"{container!r} is not a container ID (64 hex digits)")
+    init = container_inits().get(container)
+    if init is None:
+        raise SnapshotError(f"no running container {container} on this node")
+    return init
 
 
 def process_children() -> dict[int, list[int]]:
@@ -475,16 +489,128 @@ def attempt_restore(argv: list[str], descriptors: tuple[int, ...]) -> int | None
     return None
 
 
+def first_word(directory: int, name: str) -> str | None:
+    text = read_small(directory, name)
+    return text.split()[0] if text else None
+
+
+def handshake_of(pod: dict[str, Any], inits: dict[str, int], handshake: str) -> plan.PodHandshake | None:
+    """The pod's engine_init as the agent finds it, or None: its engine container not running here, or
+    names no snapshot can have (labels are the pod author's)."""
+    metadata, labels = pod["metadata"], pod["metadata"].get("labels") or {}
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    engine: dict[str, Any] = next((s for s in statuses if s.get("name") == ENGINE_CONTAINER), {})
+    container = str(engine.get("containerID") or "").partition("://")[2]
+    init = inits.get(container)
+    if init is None or "running" not in (engine.get("state") or {}):
+        return None
+    names = (metadata["namespace"], labels.get(INSTANCE_LABEL, ""), labels.get(CACHE_KEY_LABEL, ""))
+    try:
+        plan.image_directory(Path("/"), *names)
+        with handshake_directory(init, handshake) as directory:
+            return plan.PodHandshake(
+                *names[:1], metadata["name"], *names[1:], container=container,
+                decision=first_word(directory, engine_init.DECISION),
+                offered=read_small(directory, engine_init.OFFER) == engine_init.OFFERED,
+                dump=first_word(directory, engine_init.DUMP),
+            )  # fmt: skip
+    except (ValueError, SnapshotError):
+        return None
+
+
+def completed_snapshots(base: Path) -> set[tuple[str, str, str]]:
+    return {
+        (manifest.parent.parent.parent.name, manifest.parent.parent.name, manifest.parent.name)
+        for manifest in base.glob(f"*/*/*/{MANIFEST}")
+    }
+
+
+def act(
+    action: plan.NodeAction, base: Path, criu: str, handshake: str, reserve_bytes: int
+) -> Mapping[str, object]:
+    """One of node_actions' steps; what it did."""
+    pod = action.pod
+    image = plan.image_directory(base, *pod.snapshot)
+    if action.kind in ("start", "decline"):
+        name, word = (
+            (engine_init.DECISION, engine_init.START)
+            if action.kind == "start"
+            else (engine_init.DUMP, engine_init.DECLINED)
+        )
+        with handshake_directory(container_init(pod.container), handshake) as directory:
+            return {"told": create_once(directory, name, f"{word} {action.reason}")}
+    if action.kind == "restore":
+        try:
+            return restore_into_pod(image, pod.container, criu, handshake)
+        except FAILURES:
+            shutil.rmtree(image, ignore_errors=True)  # the next served replica of the key is dumped instead
+            raise
+    # One snapshot per service: another cache key's is stale (the service changed) and its disk is freed.
+    for stale in image.parent.iterdir() if image.parent.is_dir() else []:
+        if stale != image:
+            shutil.rmtree(stale, ignore_errors=True)
+    image.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(image.parent).free < reserve_bytes:
+        with handshake_directory(container_init(pod.container), handshake) as directory:
+            create_once(
+                directory, engine_init.DUMP, f"{engine_init.DECLINED} the node's snapshot disk is full"
+            )
+        raise SnapshotError(f"under {reserve_bytes} bytes free in {base}: not dumped")
+    return dump_offered(image, pod.container, criu, handshake)
+
+
+def serve(node: str, base: Path, criu: str, handshake: str, interval: float, reserve_bytes: int) -> NoReturn:
+    """Every `interval` seconds, the node's pods labelled for snapshots: each step of node_actions, one JSON
+    line each."""
+    # Only the serving agent talks to the API server (its client is slow to import: not for dump and restore).
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from stoker.controller.kube import Kube, load_config
+
+    load_config()
+    kube = Kube(field_manager="stoker-snapshot-agent", connections=1)
+    while True:
+        try:
+            listed = kube.node_pods(node, f"{SNAPSHOT_LABEL}=true")
+        except (ApiException, HTTPError, OSError) as unreachable:  # the API server away: the next round
+            print(json.dumps({"error": f"listing the node's pods: {unreachable}"[:1000]}), flush=True)
+            time.sleep(interval)
+            continue
+        inits = container_inits()
+        found = [handshake_of(pod, inits, handshake) for pod in listed]
+        pods = [pod for pod in found if pod is not None]
+        for action in plan.node_actions(pods, completed_snapshots(base)):
+            line: dict[str, object] = {
+                "action": action.kind,
+                "pod": f"{action.pod.namespace}/{action.pod.name}",
+            }
+            try:
+                line.update(act(action, base, criu, handshake, reserve_bytes))
+            except FAILURES as failed:
+                line["error"] = told(failed)
+            print(json.dumps(line), flush=True)
+        time.sleep(interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stoker.snapshot.agent", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("action", choices=["dump", "restore"])
+    parser.add_argument("action", choices=["dump", "restore", "serve"])
     parser.add_argument("--base", type=Path, required=True, help="the agent's snapshot directory")
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--service", required=True)
-    parser.add_argument("--cache-key", required=True)
-    parser.add_argument("--container", required=True, help="the runtime's container ID")
+    parser.add_argument("--namespace", help="dump, restore: the snapshot's namespace")
+    parser.add_argument("--service", help="dump, restore: the snapshot's service")
+    parser.add_argument("--cache-key", help="dump, restore: the snapshot's cache key")
+    parser.add_argument("--container", help="dump, restore: the runtime's container ID")
+    parser.add_argument("--node", help="serve: this node's name")
+    parser.add_argument("--interval", type=float, default=2.0, help="serve: seconds between rounds")
+    parser.add_argument(
+        "--reserve-bytes",
+        type=int,
+        default=20 << 30,
+        help="serve: no dump when the snapshot directory's disk has less free (default 20 GiB)",
+    )
     parser.add_argument(
         "--criu", default=os.environ.get("CRIU", "criu"), help="CRIU's binary (default: $CRIU, criu)"
     )
@@ -494,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
         help="engine_init's directory in the container (default: %(default)s)",
     )
     args = parser.parse_args(argv)
+    wanted = ["node"] if args.action == "serve" else ["namespace", "service", "cache_key", "container"]
+    missing = [f"--{name.replace('_', '-')}" for name in wanted if getattr(args, name) is None]
+    if missing:
+        parser.error(f"{args.action} needs {', '.join(missing)}")
+    if args.action == "serve":
+        serve(args.node, args.base, args.criu, args.handshake, args.interval, args.reserve_bytes)
     try:
         image = plan.image_directory(args.base, args.namespace, args.service, args.cache_key)
         container = args.container.removeprefix("containerd://")

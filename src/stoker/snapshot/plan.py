@@ -8,6 +8,9 @@ dump and the target's are handed to the restore; the host's files bound into the
 hierarchies are external mounts, mapped at the restore to what the target container has at the same paths;
 the rest of the mount tree is rebuilt on the target's root filesystem; and the files the engine holds on the
 container's own filesystems (its root, /dev/shm) are copied from the source's root to the target's.
+
+And what the agent does next on its node (node_actions), from the pods' engine_init handshakes and the
+snapshots it completed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 # The engine's internal sockets listen on loopback, which every network namespace has (gloo would otherwise
 # bind the source pod's IP, which the target does not have: "Can't bind inet socket").
@@ -233,3 +237,58 @@ def image_directory(base: Path, namespace: str, service: str, cache_key: str) ->
         if not pattern.fullmatch(value):
             raise ValueError(f"{what} {value!r} is not a valid name for a snapshot")
     return base / namespace / service / cache_key
+
+
+@dataclass(frozen=True)
+class PodHandshake:
+    """A pod on the node whose engine_init the agent may act on, as the agent found it: its snapshot's names
+    (its namespace, and its service and cache key from its labels) and engine_init's files (the first word
+    of `decision` and `dump`, None while absent)."""
+
+    namespace: str
+    name: str
+    service: str
+    cache_key: str
+    container: str
+    decision: str | None
+    offered: bool
+    dump: str | None
+
+    @property
+    def snapshot(self) -> tuple[str, str, str]:
+        return (self.namespace, self.service, self.cache_key)
+
+
+@dataclass(frozen=True)
+class NodeAction:
+    kind: Literal["start", "decline", "restore", "dump"]
+    pod: PodHandshake
+    reason: str = ""
+
+
+NO_SNAPSHOT = "no snapshot of this cache key on this node"
+HAVE_SNAPSHOT = "this node has this cache key's snapshot"
+DUMPING_ANOTHER = "another replica of this cache key is being dumped"
+
+
+def node_actions(pods: list[PodHandshake], completed: set[tuple[str, str, str]]) -> list[NodeAction]:
+    """What the agent does next on its node, given the snapshots it completed: a waiting pod is restored from
+    its cache key's snapshot, or told to start at once when there is none; an offered engine is dumped when
+    its key has no snapshot (one replica per key), or declined at once. The quick answers first, so that no
+    pod waits behind a dump."""
+    actions: list[NodeAction] = []
+    dumping: set[tuple[str, str, str]] = set()
+    for pod in sorted(pods, key=lambda pod: (pod.namespace, pod.name)):
+        if pod.decision is None:
+            restore = pod.snapshot in completed
+            actions.append(NodeAction("restore", pod) if restore else NodeAction("start", pod, NO_SNAPSHOT))
+        elif pod.offered and pod.dump is None:
+            if pod.snapshot in completed:
+                actions.append(NodeAction("decline", pod, HAVE_SNAPSHOT))
+            elif pod.snapshot in dumping:
+                actions.append(NodeAction("decline", pod, DUMPING_ANOTHER))
+            else:
+                dumping.add(pod.snapshot)
+                actions.append(NodeAction("dump", pod))
+    order = {"start": 0, "decline": 0, "restore": 1, "dump": 2}
+    return sorted(actions, key=lambda action: order[action.kind])
