@@ -228,6 +228,8 @@ def test_a_started_engine_is_offered_for_a_dump_and_kept_out_of_traffic_until_th
         serving.kill()
     found = events(stdout)
     assert [event["event"] for event in found] == ["starting", "offering", "serving", "exited"]
+    # This engine has no OpenAI API: the warm-up fails, and the engine is offered all the same.
+    assert str(found[1]["warmUp"]).startswith("failed: HTTP Error 404"), found[1]
     assert found[2]["dump"] == "dumped"
 
 

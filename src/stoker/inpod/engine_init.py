@@ -21,7 +21,8 @@ both win:
 
 A snapshot is taken only from an engine that has served nobody yet (a replica's memory holds its prompts, and
 a client's connection cannot be restored into another pod): with --offer-bound, once the engine it started
-answers --health-url, it offers a dump and keeps the pod out of its Service for up to O seconds:
+answers --health-url and one warm-up request of its own (a token of the first model, through the OpenAI API
+beside --health-url), it offers a dump and keeps the pod out of its Service for up to O seconds:
 
 - DIR/offer: `ready` (this program's);
 - DIR/dump: `dumping` (the agent's claim), or `declined` (this program's, when nobody claimed within O, or
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -68,6 +70,7 @@ OFFERED = "ready"
 DUMPING = "dumping"
 DECLINED = "declined"
 HEALTH_TIMEOUT_SECONDS = 2
+WARM_UP_TIMEOUT_SECONDS = 120
 POLL_SECONDS = 0.2
 # prctl(PR_SET_CHILD_SUBREAPER): as PID 1 of its container it reaps orphans anyway; run anywhere else (a
 # test, a wrapper's child), the restored engine must still become its child.
@@ -143,12 +146,35 @@ def healthy(url: str) -> bool:
         return False
 
 
+def warm_up(health_url: str) -> str:
+    """One greedy token from the engine's first model, through its OpenAI API beside `health_url`: the
+    snapshot is of an engine that has served (its first request's lazy work done), never a client's request.
+    What happened, in a few words."""
+    api = urllib.parse.urljoin(health_url, "/v1/")
+    began = time.monotonic()
+    try:
+        with urllib.request.urlopen(api + "models", timeout=WARM_UP_TIMEOUT_SECONDS) as answer:
+            model = json.load(answer)["data"][0]["id"]
+        request = urllib.request.Request(
+            api + "completions",
+            data=json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=WARM_UP_TIMEOUT_SECONDS):
+            pass
+    except (OSError, ValueError, LookupError, TypeError) as failed:
+        return f"failed: {failed}"[:300]
+    return f"one completion in {time.monotonic() - began:.2f} s"
+
+
 def offer_dump(directory: str, health_url: str, bound: float, serving: threading.Event) -> None:
-    """Once the engine serves, offer it for a dump for up to `bound` seconds, then let traffic in."""
+    """Once the engine serves and has answered a warm-up request, offer it for a dump for up to `bound`
+    seconds, then let traffic in."""
     while not healthy(health_url):
         time.sleep(POLL_SECONDS)
+    warmed = warm_up(health_url)
     claim(directory, OFFER, OFFERED)
-    say("offering", boundSeconds=bound)
+    say("offering", boundSeconds=bound, warmUp=warmed)
     deadline = time.monotonic() + bound
     outcome = settled(directory, DUMP, DECLINED, deadline)  # `declined`, and the agent's reason if its
     if outcome == DUMPING:
