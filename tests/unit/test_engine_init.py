@@ -244,3 +244,12 @@ def test_an_offer_nobody_takes_is_declined_within_its_bound(tmp_path: Path) -> N
     finally:
         serving.terminate()
         serving.wait(timeout=10)
+
+
+def test_a_claim_left_empty_by_an_agent_that_died_does_not_hold_the_start(tmp_path: Path) -> None:
+    (tmp_path / engine_init.DECISION).touch()  # created, never written
+    done = subprocess.run(
+        command(tmp_path, 0.3, 5, "true"), capture_output=True, text=True, env=ENV, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert events(done.stdout)[0] == {"event": "starting", "reason": "no restore claimed within 0.3 s"}

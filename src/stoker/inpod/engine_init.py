@@ -72,6 +72,7 @@ DECLINED = "declined"
 HEALTH_TIMEOUT_SECONDS = 2
 WARM_UP_TIMEOUT_SECONDS = 120
 POLL_SECONDS = 0.2
+WRITE_GRACE_SECONDS = 2
 # prctl(PR_SET_CHILD_SUBREAPER): as PID 1 of its container it reaps orphans anyway; run anywhere else (a
 # test, a wrapper's child), the restored engine must still become its child.
 PR_SET_CHILD_SUBREAPER = 36
@@ -114,9 +115,12 @@ def settled(directory: str, name: str, mine: str, deadline: float) -> str:
         time.sleep(POLL_SECONDS)
     if claim(directory, name, mine):
         return mine
-    while (found := read_once(directory, name)) is None:  # the other side created it a moment before
+    # The other side created it a moment before and writes it next; one that died in between leaves it
+    # empty, which settles nothing: "" after a grace.
+    grace = time.monotonic() + WRITE_GRACE_SECONDS
+    while (found := read_once(directory, name)) is None and time.monotonic() < grace:
         time.sleep(POLL_SECONDS)
-    return found
+    return found or ""
 
 
 def restored_engine(directory: str, wait: float, bound: float) -> int | None:
@@ -133,7 +137,7 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     if word == RESTORED and detail.isdigit():
         say("restored", pid=int(detail), seconds=round(time.monotonic() - began, 3))
         return int(detail)
-    reason = f"no outcome within {bound:g} s" if word == ABANDONED else detail or outcome
+    reason = f"no outcome within {bound:g} s" if word == ABANDONED else detail or outcome or "no outcome"
     say("starting", reason=f"restore failed: {reason}"[:1000])
     return None
 
