@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,13 @@ def agent(
     )  # fmt: skip
 
 
+def ready_seconds(kubectl: Kubectl, namespace: str, name: str) -> float:
+    found = get_json(kubectl, "-n", namespace, "pod", name) or {}
+    became = condition(found, "Ready")["lastTransitionTime"]
+    created = found["metadata"]["creationTimestamp"]
+    return (datetime.fromisoformat(became) - datetime.fromisoformat(created)).total_seconds()
+
+
 def namespaces_of(pid: int) -> dict[str, str]:
     return {kind: os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("pid", "net")}
 
@@ -288,7 +296,9 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         assert refused.returncode == 1 and "started its engine already" in refused.stderr, refused.stderr
         refused = agent("dump", base, dst["status"]["containerStatuses"][0]["containerID"], namespace)
         assert refused.returncode == 1 and "offers no dump" in refused.stderr, refused.stderr
-        print("\n" + "\n".join(json.dumps(line) for line in agent_lines()))
+        # Where users feel it: from the pod's creation to its Ready condition (the API's seconds).
+        ready_after = {name: ready_seconds(kubectl, namespace, name) for name in ("src", "dst", "fallback")}
+        print("\n" + "\n".join(json.dumps(line) for line in [*agent_lines(), {"readySeconds": ready_after}]))
     finally:
         serving_agent.kill()
         serving_agent.wait()
