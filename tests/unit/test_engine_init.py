@@ -252,4 +252,6 @@ def test_a_claim_left_empty_by_an_agent_that_died_does_not_hold_the_start(tmp_pa
         command(tmp_path, 0.3, 5, "true"), capture_output=True, text=True, env=ENV, timeout=30
     )
     assert done.returncode == 0, done.stderr
-    assert events(done.stdout)[0] == {"event": "starting", "reason": "no restore claimed within 0.3 s"}
+    assert events(done.stdout)[0] == {"event": "starting", "reason": "a claim left empty"}
+    # Were that agent alive after all, its restore would find the outcome taken, and end what it restored.
+    assert not claim(tmp_path, engine_init.OUTCOME, f"{engine_init.RESTORED} 42")

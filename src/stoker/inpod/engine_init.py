@@ -129,6 +129,9 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     decision = settled(directory, DECISION, START, began + wait)
     if decision != RESTORE:
         _, _, told = decision.partition(" ")  # the agent's reason, when it decided
+        if not decision:  # a claim its writer never finished: an agent that restores after all must not win
+            claim(directory, OUTCOME, ABANDONED)
+            told = "a claim left empty"
         say("starting", reason=told[:1000] or f"no restore claimed within {wait:g} s")
         return None
     say("restoring", claimedAfterSeconds=round(time.monotonic() - began, 3))
