@@ -495,9 +495,11 @@ def first_word(directory: int, name: str) -> str | None:
 
 
 def handshake_of(pod: dict[str, Any], inits: dict[str, int], handshake: str) -> plan.PodHandshake | None:
-    """The pod's engine_init as the agent finds it, or None: its engine container not running here, or
-    names no snapshot can have (labels are the pod author's)."""
+    """The pod's engine_init as the agent finds it, or None: its engine container not running here, the pod
+    going away, or names no snapshot can have (labels are the pod author's)."""
     metadata, labels = pod["metadata"], pod["metadata"].get("labels") or {}
+    if metadata.get("deletionTimestamp"):
+        return None
     statuses = pod.get("status", {}).get("containerStatuses") or []
     engine: dict[str, Any] = next((s for s in statuses if s.get("name") == ENGINE_CONTAINER), {})
     container = str(engine.get("containerID") or "").partition("://")[2]
