@@ -1,8 +1,9 @@
 """stoker.inpod.engine_init, the PID 1 a snapshot is restored into, run as a real process: it starts its
 command when no restore is claimed in time, takes a restored engine as its child when the agent says so, and
 falls back to its command when a claimed restore fails or outlasts the bound. The agent's side of the
-handshake is the agent's own create_once; the "restored" engine is put into engine_init's PID namespace by
-nsenter, as CRIU is, so it becomes engine_init's child the way a restored engine does."""
+handshake is engine_init.create_once on a directory descriptor, as the agent calls it; the "restored" engine
+is put into engine_init's PID namespace by nsenter, as CRIU is, so it becomes engine_init's child the way a
+restored engine does."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stoker.inpod import engine_init
-from stoker.snapshot.agent import children, create_once
+from stoker.snapshot.agent import children
 from tests.conftest import REPO
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
@@ -42,7 +43,7 @@ def events(stdout: str) -> list[dict[str, object]]:
 def claim(directory: Path, name: str, text: str) -> bool:
     descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return create_once(descriptor, name, text)
+        return engine_init.create_once(name, text, dir_fd=descriptor)
     finally:
         os.close(descriptor)
 

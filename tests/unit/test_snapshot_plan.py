@@ -152,7 +152,7 @@ def test_the_target_pid_counter_is_moved_past_the_trees_pids_before_criu_runs_in
 
 
 def handshake(name, namespace="team-a", key="ab12cd34", decision=None, offered=False, dump=None):
-    return plan.PodHandshake(namespace, name, "llama", key, f"c-{name}", decision, offered, dump)
+    return plan.PodHandshake(namespace, name, "llama", key, f"c-{name}", 4242, decision, offered, dump)
 
 
 def kinds(actions):

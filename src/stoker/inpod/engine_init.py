@@ -93,11 +93,12 @@ def read_once(directory: str, name: str) -> str | None:
     return text or None
 
 
-def claim(directory: str, name: str, text: str) -> bool:
-    """Create DIR/NAME holding `text`, unless it exists; whether this call created it."""
+def create_once(name: str, text: str, dir_fd: int | None = None) -> bool:
+    """Create NAME (in the open directory `dir_fd`, if given) holding `text`, unless something is there (a
+    symlink is never followed); whether this call created it. This program's and the agent's claims."""
     try:
         descriptor = os.open(
-            os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
         )
     except FileExistsError:
         return False
@@ -113,7 +114,7 @@ def settled(directory: str, name: str, mine: str, deadline: float) -> str:
         if found is not None:
             return found
         time.sleep(POLL_SECONDS)
-    if claim(directory, name, mine):
+    if create_once(os.path.join(directory, name), mine):
         return mine
     # The other side created it a moment before and writes it next; one that died in between leaves it
     # empty, which settles nothing: "" after a grace.
@@ -130,7 +131,7 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     if decision != RESTORE:
         _, _, told = decision.partition(" ")  # the agent's reason, when it decided
         if not decision:  # a claim its writer never finished: an agent that restores after all must not win
-            claim(directory, OUTCOME, ABANDONED)
+            create_once(os.path.join(directory, OUTCOME), ABANDONED)
             told = "a claim left empty"
         say("starting", reason=told[:1000] or f"no restore claimed within {wait:g} s")
         return None
@@ -180,7 +181,7 @@ def offer_dump(directory: str, health_url: str, bound: float, serving: threading
     while not healthy(health_url):
         time.sleep(POLL_SECONDS)
     warmed = warm_up(health_url)
-    claim(directory, OFFER, OFFERED)
+    create_once(os.path.join(directory, OFFER), OFFERED)
     say("offering", boundSeconds=bound, warmUp=warmed)
     deadline = time.monotonic() + bound
     outcome = settled(directory, DUMP, DECLINED, deadline)  # `declined`, and the agent's reason if its

@@ -337,20 +337,6 @@ def completed_manifest(image: Path) -> dict[str, Any]:
     return manifest
 
 
-def create_once(directory: int, name: str, text: str) -> bool:
-    """Create NAME in the open `directory` holding `text`, unless it exists (whatever it is: a symlink is
-    never followed); whether this call created it."""
-    try:
-        descriptor = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory
-        )
-    except FileExistsError:
-        return False
-    with os.fdopen(descriptor, "w", encoding="utf-8") as created:
-        created.write(text + "\n")
-    return True
-
-
 @contextlib.contextmanager
 def handshake_directory(init: int, handshake: str) -> Iterator[int]:
     """engine_init's directory in the container whose PID 1 is `init`, open (no symlink followed)."""
@@ -392,14 +378,16 @@ def dump_offered(image: Path, container: str, criu: str, handshake: str) -> dict
             raise SnapshotError(
                 f"{container} offers no dump (its engine is not serving yet, or was restored)"
             )
-        if not create_once(directory, engine_init.DUMP, engine_init.DUMPING):
+        if not engine_init.create_once(engine_init.DUMP, engine_init.DUMPING, dir_fd=directory):
             raise SnapshotError(f"{container}'s offer is over (it serves): not dumped")
         try:
             facts = dump(image, container, criu)
         except FAILURES as failed:
-            create_once(directory, engine_init.DUMPED, f"{engine_init.FAILED} {told(failed)}")
+            engine_init.create_once(
+                engine_init.DUMPED, f"{engine_init.FAILED} {told(failed)}", dir_fd=directory
+            )
             raise
-        create_once(directory, engine_init.DUMPED, engine_init.DUMPED)
+        engine_init.create_once(engine_init.DUMPED, engine_init.DUMPED, dir_fd=directory)
     return facts
 
 
@@ -409,16 +397,20 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
     manifest = completed_manifest(image)  # no snapshot: the pod is left to its normal start
     init = container_init(container)
     with handshake_directory(init, handshake) as directory:
-        if not create_once(directory, engine_init.DECISION, engine_init.RESTORE):
+        if not engine_init.create_once(engine_init.DECISION, engine_init.RESTORE, dir_fd=directory):
             raise SnapshotError(f"{container} started its engine already (or was claimed): not restored")
         try:
             restored = restore(image, manifest, container, init, criu)
         except FAILURES as failed:
-            create_once(directory, engine_init.OUTCOME, f"{engine_init.FAILED} {told(failed)}")
+            engine_init.create_once(
+                engine_init.OUTCOME, f"{engine_init.FAILED} {told(failed)}", dir_fd=directory
+            )
             raise
         engine = int(restored["pid"])
         inside = namespace_pids(PROC / str(engine) / "status")[-1]
-        if not create_once(directory, engine_init.OUTCOME, f"{engine_init.RESTORED} {inside}"):
+        if not engine_init.create_once(
+            engine_init.OUTCOME, f"{engine_init.RESTORED} {inside}", dir_fd=directory
+        ):
             for pid in reversed(tree(engine)):  # engine_init gave up waiting and starts its own
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -511,13 +503,19 @@ def handshake_of(pod: dict[str, Any], inits: dict[str, int], handshake: str) -> 
         plan.image_directory(Path("/"), *names)
         with handshake_directory(init, handshake) as directory:
             return plan.PodHandshake(
-                *names[:1], metadata["name"], *names[1:], container=container,
+                *names[:1], metadata["name"], *names[1:], container=container, init=init,
                 decision=first_word(directory, engine_init.DECISION),
                 offered=read_small(directory, engine_init.OFFER) == engine_init.OFFERED,
                 dump=first_word(directory, engine_init.DUMP),
             )  # fmt: skip
     except (ValueError, SnapshotError):
         return None
+
+
+def tell(pod: plan.PodHandshake, handshake: str, name: str, text: str) -> bool:
+    """The agent's answer to the pod's engine_init, unless the file is there already."""
+    with handshake_directory(pod.init, handshake) as directory:
+        return engine_init.create_once(name, text, dir_fd=directory)
 
 
 def completed_snapshots(base: Path) -> set[tuple[str, str, str]]:
@@ -533,14 +531,10 @@ def act(
     """One of node_actions' steps; what it did."""
     pod = action.pod
     image = plan.image_directory(base, *pod.snapshot)
-    if action.kind in ("start", "decline"):
-        name, word = (
-            (engine_init.DECISION, engine_init.START)
-            if action.kind == "start"
-            else (engine_init.DUMP, engine_init.DECLINED)
-        )
-        with handshake_directory(container_init(pod.container), handshake) as directory:
-            return {"told": create_once(directory, name, f"{word} {action.reason}")}
+    if action.kind == "start":
+        return {"told": tell(pod, handshake, engine_init.DECISION, f"{engine_init.START} {action.reason}")}
+    if action.kind == "decline":
+        return {"told": tell(pod, handshake, engine_init.DUMP, f"{engine_init.DECLINED} {action.reason}")}
     if action.kind == "restore":
         try:
             return restore_into_pod(image, pod.container, criu, handshake)
@@ -553,10 +547,7 @@ def act(
             shutil.rmtree(stale, ignore_errors=True)
     image.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(image.parent).free < reserve_bytes:
-        with handshake_directory(container_init(pod.container), handshake) as directory:
-            create_once(
-                directory, engine_init.DUMP, f"{engine_init.DECLINED} the node's snapshot disk is full"
-            )
+        tell(pod, handshake, engine_init.DUMP, f"{engine_init.DECLINED} the node's snapshot disk is full")
         raise SnapshotError(f"under {reserve_bytes} bytes free in {base}: not dumped")
     return dump_offered(image, pod.container, criu, handshake)
 

@@ -250,6 +250,7 @@ class PodHandshake:
     service: str
     cache_key: str
     container: str
+    init: int  # the host PID of the container's PID 1
     decision: str | None
     offered: bool
     dump: str | None
