@@ -276,7 +276,9 @@ def main() -> None:
         standby.standby(svc, args.manifest, out, args.servers, args.wakes, args.asleep_seconds)
     elif args.snapshot:
         svc = load_service(args.manifest)
-        snapshot_restore.snapshot_restore(svc, out, args.repetitions, args.stop_after, args.snapshot_kind)
+        snapshot_restore.snapshot_restore(
+            svc, out, args.repetitions, args.stop_after, args.snapshot_kind, warm_node_of(svc, SEED_SNAPSHOT)
+        )
     elif args.pool:
         services = [pool_service(args.manifest, SHAPES[name]) for name in args.pool.split(",")]
         budget = Budget(args.stop_after, ESTIMATE_S)

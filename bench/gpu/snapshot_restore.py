@@ -10,10 +10,11 @@ dumped (bench/snapshot/criu_tree.py). Two kinds (--snapshot-kind): `full`, the r
 and KV cache in the image), and `minimized`, the source in sleep mode put to sleep at level 2 before its
 checkpoint (weights discarded, the rest offloaded), woken and its weights reloaded after each restore, as
 `vllm snapshot` does. Per repetition, in this order:
-- `stock`: plain `vllm serve`, empty caches, page cache dropped;
 - `restore`: `criu restore` of the snapshot read from a dropped page cache (a node that keeps the snapshot
   on its disk), then the driver's restore and unlock of each CUDA process;
-- `restore-warm`: the same with the snapshot's files in the page cache (a node that keeps it in memory);
+- `restore-warm`: the same with the snapshot's files in the page cache (a node that keeps it in memory); for
+  a minimized snapshot, whose restore reloads the weights, the checkpoint resident too (stoker's node warmer);
+- `stock`: plain `vllm serve`, empty caches, page cache dropped;
 - `stoker`: the rendered serving invocation on a fresh copy of the seeded cache (cold node), if it fits.
 Every profile is timed to /health and to its first completion (`servedSeconds`, from the process start or
 `criu restore`), whose greedy answer (text and token IDs) must equal the snapshot source's; then the decode
@@ -53,6 +54,7 @@ from harness import (
     start_and_measure,
     tree_bytes,
     wait_ready,
+    warm_node,
 )
 from profiles import DEFAULT_PROFILE, SPAWN, Invocation, seed_invocation, serve_invocation, stock_invocation
 
@@ -69,8 +71,9 @@ SOURCE_CACHE = HOME / "snapshot-source-cache"
 # iptables). Files deleted while open are kept in the image up to a size (CRIU's default: 1 MiB).
 CRIU_OPTIONS = ("--network-lock", "skip", "--ghost-limit", "256M")
 ESTIMATE_S = {"stock": 110.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PROFILE: 40.0}
-# Starts that must fit in every later repetition before the last profile (stoker's own start) runs.
-REQUIRED = ("stock", "restore", "restore-warm")
+# Starts that must fit in every later repetition before the last profile (stoker's own start) runs; the
+# restores first, so that a snapshot that cannot be restored ends the run before stock's minute and a half.
+REQUIRED = ("restore", "restore-warm", "stock")
 # The source of each kind of snapshot (a profile of profiles.py, spawned as `SPAWN` says).
 SOURCE_PROFILE = {"full": "stoker-spawn", "minimized": "stoker-sleep"}
 # A minimized snapshot's source sleeps at level 2 before its checkpoint (weights discarded, the rest of the
@@ -196,16 +199,19 @@ def source_invocation(svc: VLLMService, kind: str) -> Invocation:
 
 
 def restored(
-    name: str, rep: int, inv: Invocation, taken: dict[str, Any], expected: list[Any]
+    name: str, rep: int, inv: Invocation, taken: dict[str, Any], expected: list[Any], warm: tuple[str, str]
 ) -> dict[str, Any]:
     """A start from the snapshot: what a new pod of the key has (the cache volume, the container's kept
-    files), the snapshot's files on a cold disk or (restore-warm) resident, then restore and time."""
+    files), the snapshot's files on a cold disk or (restore-warm) resident, then restore and time. `warm`:
+    what the node warmer keeps resident (the checkpoint, the import pages) for a minimized restore-warm."""
     dropped = prepare(inv.cache_mount_path, restore_seed=True, snapshot=SOURCE_CACHE)
     put_back(IMAGE, SOURCE_LOG)
-    if name == "restore-warm":
-        subprocess.run(["sh", "-c", f"cat {IMAGE}/*.img > /dev/null"], check=True)
     record: dict[str, Any] = {"profile": name, "repetition": rep, "pageCacheDropped": dropped}
     record["imageResident"] = name == "restore-warm"
+    if name == "restore-warm":
+        subprocess.run(["sh", "-c", f"cat {IMAGE}/*.img > /dev/null"], check=True)
+        if taken["kind"] == "minimized":
+            record["residentBytes"] = warm_node(*warm)
     base = f"http://127.0.0.1:{inv.port}"
     began = time.monotonic()
     try:
@@ -227,8 +233,11 @@ def restored(
         record["readySeconds"] = round(ready, 3)
         if taken["kind"] == "minimized":
             waking = time.monotonic()
+            steps = record["wakeSteps"] = {}
             for path, body in WAKE:
+                step = time.monotonic()
                 post(base, path, body)
+                steps[body["method"] if body else path] = round(time.monotonic() - step, 3)
             record["wakeSeconds"] = round(time.monotonic() - waking, 3)
         record["firstCompletion"] = first_completion(base, inv.served_model_name)
         record["servedSeconds"] = round(time.monotonic() - began, 3)
@@ -242,7 +251,9 @@ def restored(
     return record
 
 
-def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s: float, kind: str) -> None:
+def snapshot_restore(
+    svc: VLLMService, out: Path, repetitions: int, stop_after_s: float, kind: str, warm: tuple[str, str]
+) -> None:
     budget = Budget(stop_after_s, ESTIMATE_S)
     seed_inv, serve_inv = seed_invocation(svc), serve_invocation(svc, DEFAULT_PROFILE)
     seed = started("seed", 0, seed_inv, out, None)
@@ -259,6 +270,7 @@ def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s
     print(json.dumps({"snapshot": {k: v for k, v in taken.items() if k != "decode"}}), flush=True)
     expected = greedy(taken["firstCompletion"])
     for rep in range(1, repetitions + 1):
+        restores: list[dict[str, Any]] = []
         for name in (*REQUIRED, DEFAULT_PROFILE):
             reserve = [] if name in REQUIRED else list(REQUIRED) * (repetitions - rep)
             if not budget.fits(budget.estimate(name) + sum(budget.estimate(later) for later in reserve)):
@@ -270,7 +282,8 @@ def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s
             elif name == DEFAULT_PROFILE:
                 record = started(name, rep, serve_inv, out, expected)
             else:
-                record = restored(name, rep, source, taken, expected)
+                record = restored(name, rep, source, taken, expected, warm)
+                restores.append(record)
                 # What the restored tree printed (after the source's lines), and CRIU's own log.
                 shutil.copy2(SOURCE_LOG, out / "logs" / f"r{rep}-{name}.log")
                 criu_log = IMAGE / f"restore-r{rep}-{name}.log"
@@ -278,3 +291,7 @@ def snapshot_restore(svc: VLLMService, out: Path, repetitions: int, stop_after_s
                     shutil.copy2(criu_log, out / "logs" / f"criu-{criu_log.name}")
             budget.record(name, time.monotonic() - began)
             emit(out, record)
+            if rep == 1 and name == "restore-warm" and all(r.get("error") for r in restores):
+                # Later repetitions could only repeat it; the device time is worth more.
+                print(json.dumps({"stopped": "every restore of the first repetition failed"}), flush=True)
+                return
