@@ -1,7 +1,7 @@
 #!/bin/bash
 # Build an offline vLLM bundle for the air-gapped x86-64 H100/H200 host, whose image already has torch
 # 2.11.0+cu130, transformers, tokenizers, safetensors, numpy (/work/shared/gpu/README.md), and split it into
-# parts of at most 58 MiB (one per device call; bench/gpu/setup.sh reassembles them).
+# parts of at most 45 MiB (one per device call; bench/gpu/setup.sh reassembles them).
 # usage: build.sh VERSION OUTDIR   (VERSION has a deps-VERSION.txt beside this script; needs pip access)
 set -euo pipefail
 VERSION=${1:?VERSION} OUT=${2:?OUTDIR}; W=$(mktemp -d); mkdir -p "$OUT"
@@ -24,5 +24,5 @@ rm -rf "$W"/v/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$W"/v/vllm/vllm-rs "$W"/
       "$W"/v/vllm/third_party/deep_gemm/_C.cpython-31[01345]-*.so
 tar -C "$W/v" -cf - vllm "vllm-$VERSION.dist-info" | xz -T0 -6 > "$W/bundle/vllm.tar.xz"
 tar -C "$W/bundle" -cf "$W/bundle.tar" .
-split -b 58M -d -a 2 "$W/bundle.tar" "$OUT/part-"
+split -b 45M -d -a 2 "$W/bundle.tar" "$OUT/part-"
 ls -la "$OUT"; rm -rf "$W"
