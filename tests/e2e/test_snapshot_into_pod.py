@@ -10,6 +10,9 @@ stoker.inpod.engine_init, vLLM's CPU build serving.
 - A replica whose key's snapshot cannot be restored (its memory pages removed) starts its engine itself
   within the bound, its log saying why; the agent drops that snapshot and dumps this replica instead, the
   service's other key's snapshot going with it (one per service).
+- A pod labelled for the key with a copy of a signed pod's signature but a command of its own is never
+  acted on: the agent acts only on pods the operator's key signed (stoker.snapshot.trust), so it waits out
+  its restore wait and starts what it runs.
 - Called by hand, the agent refuses names that lead out of its directory, another namespace's or service's
   snapshot, and a dump of an engine that is not offered."""
 
@@ -34,7 +37,7 @@ from stoker.cli import copy_programs
 from stoker.engines import DEFAULT_ENGINE_VERSION
 from stoker.inpod import engine_init
 from stoker.render.pods import ENGINE_CONTAINER
-from stoker.snapshot import plan
+from stoker.snapshot import plan, trust
 from stoker.snapshot.agent import children, container_init
 from tests.conftest import REPO, Cluster, Kubectl, RealNode
 from tests.e2e.helpers import condition, get_json, wait_for
@@ -43,6 +46,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 IMAGE = f"ghcr.io/stoker-dev/stoker-vllm:{DEFAULT_ENGINE_VERSION}"
 KEY = "0123456789abcdef"
+# The operator's control key, as the agent reads it from the chart's Secret.
+SIGNING_KEY = "test-control-key-0123456789"
 BROKEN_KEY = "fedcba9876543210"
 GATE_PORT = 8001
 SERVE = [
@@ -68,18 +73,22 @@ def criu() -> str:
     return built
 
 
-def pod(name: str, key: str, placement: dict[str, Any], volumes: dict[str, Path]) -> dict[str, Any]:
-    """A replica as the agent finds it: labelled with its service and cache key, engine_init waiting up to
-    10 min for the agent's restore and offering a started engine for a dump for up to 10 min."""
+def pod(
+    name: str, key: str, placement: dict[str, Any], volumes: dict[str, Path], namespace: str
+) -> dict[str, Any]:
+    """A replica as the agent finds it: labelled with its service and cache key, signed with the operator's
+    key, engine_init waiting up to 10 min for the agent's restore and offering a started engine for a dump
+    for up to 10 min."""
     init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", "600", "--restore-bound", "120",
             "--health-url", "http://127.0.0.1:8000/health", "--gate-port", str(GATE_PORT),
             "--offer-bound", "600", "--", *SERVE]  # fmt: skip
-    return {
+    manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "labels": {SNAPSHOT_LABEL: "true", INSTANCE_LABEL: "tiny", CACHE_KEY_LABEL: key},
+            "annotations": {},
         },
         "spec": {
             **placement,
@@ -123,6 +132,22 @@ def pod(name: str, key: str, placement: dict[str, Any], volumes: dict[str, Path]
             ],
         },
     }
+    manifest["metadata"]["annotations"][trust.SIGNATURE_ANNOTATION] = trust.signature(
+        SIGNING_KEY, namespace, "tiny", key, manifest["spec"], ENGINE_CONTAINER
+    )
+    return manifest
+
+
+def forged(signed: dict[str, Any], name: str) -> dict[str, Any]:
+    """`signed`'s labels and signature on a pod that runs something else (a 3 s restore wait, then sleep)."""
+    manifest = json.loads(json.dumps(signed))
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["containers"][0]["command"] = [
+        "python3", "-m", "stoker.inpod.engine_init", "--restore-wait", "3", "--restore-bound", "5",
+        "--", "sleep", "3600",
+    ]  # fmt: skip
+    manifest["spec"]["containers"][0].pop("readinessProbe")
+    return manifest
 
 
 def complete(ip: str) -> list[object] | None:
@@ -195,7 +220,7 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
             "apply",
             "-f",
             "-",
-            input=json.dumps(pod(name, key, real_node.placement(), volumes)),
+            input=json.dumps(pod(name, key, real_node.placement(), volumes, namespace)),
         )
         return wait_for(lambda: started(name), timeout=120, what=f"{name} running")
 
@@ -217,10 +242,13 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
     base = tmp_path / "snapshots"
     service = base / namespace / "tiny"
     agent_log = tmp_path / "agent.log"
+    key_file = tmp_path / "control-key"
+    key_file.write_text(SIGNING_KEY)
     with agent_log.open("w") as log:
         serving_agent = subprocess.Popen(
-            [sys.executable, "-m", "stoker.snapshot.agent", "serve", "--base", str(base),
-             "--node", real_node.name, "--criu", criu(), "--interval", "1", "--reserve-bytes", "0"],
+            [sys.executable, "-m", "stoker.snapshot.agent", "serve", "--base", str(base), "--key-file",
+             str(key_file), "--node", real_node.name, "--criu", criu(), "--interval", "1", "--reserve-bytes",
+             "0"],
             stdout=log, stderr=subprocess.STDOUT, env=dict(cluster.env, PYTHONPATH=str(REPO / "src")),
         )  # fmt: skip
 
@@ -259,6 +287,12 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         )
         assert '"POST /v1/completions HTTP/1.1" 200' in kubectl("-n", namespace, "logs", "dst").stdout
         assert complete(ip["src"]) == before
+
+        # A pod with dst's labels and signature that runs something else: the agent never acts on it.
+        copy = forged(pod("dst", KEY, real_node.placement(), volumes, namespace), "forged")
+        kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(copy))
+        wait_for(lambda: len(init_events("forged")) >= 1, timeout=120, what="forged started its own")
+        assert init_events("forged")[0] == {"event": "starting", "reason": "no restore claimed within 3 s"}
 
         # A snapshot CRIU cannot restore (its memory pages gone): the replica starts its engine as any does,
         # its log says why, and it is dumped in place of the broken snapshot.

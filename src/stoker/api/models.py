@@ -1488,6 +1488,17 @@ class StartupRecord(_StatusModel):
     peer_fallback_reason: str | None = Field(
         default=None, max_length=256, description="Why the peer path failed, as ModelExpress logged it."
     )
+    snapshot: Literal["restored", "started"] | None = Field(
+        default=None,
+        description="Snapshot and restore (the operator's snapshot setting): restored when the node's agent"
+        " restored an engine of the cache key into the pod, started when the pod started its engine itself.",
+    )
+    snapshot_reason: str | None = Field(
+        default=None, max_length=256, description="Why a pod made for snapshots started its engine itself."
+    )
+    snapshot_restore_seconds: float | None = Field(
+        default=None, description="Seconds from the pod's start to its restored engine."
+    )
     gpu_product: str | None = Field(
         default=None,
         max_length=253,

@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from stoker.controller.kube import Kube
+from stoker.snapshot.trust import MINIMUM_KEY_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,10 @@ def ensure_control_key(kube: Kube, namespace: str, name: str) -> str:
         key = base64.b64decode(data[KEY_FIELD], validate=True).decode()
     except (KeyError, binascii.Error, UnicodeDecodeError):
         key = ""
-    if len(key) < 16:
+    if len(key) < MINIMUM_KEY_LENGTH:
         raise ControlKeyError(
-            f"Secret {namespace}/{name} has no usable `{KEY_FIELD}` (16 characters or more): restore the key,"
-            " or delete the Secret and the operator makes a new one (running standby pods are then replaced)"
+            f"Secret {namespace}/{name} has no usable `{KEY_FIELD}` ({MINIMUM_KEY_LENGTH} characters or"
+            " more): restore the key, or delete the Secret and the operator makes a new one (running standby"
+            " pods are then replaced)"
         )
     return key

@@ -68,6 +68,7 @@ from stoker.render import (
 from stoker.render.children import SERVING_KINDS, serving_kind
 from stoker.render.group import LWS_KIND
 from stoker.render.peers import Peer
+from stoker.render.snapshot import Snapshots
 
 Manifest = dict[str, Any]
 
@@ -127,6 +128,7 @@ class Snapshot:
     # runtime.nodesPerReplica above 1 and the cluster does not serve LeaderWorkerSets: the resource, as
     # above (the group is neither read nor written).
     group_crd_missing: str | None = None
+    snapshots: Snapshots | None = None  # the admin's snapshot settings, when snapshot and restore is on
     # spec.inferencePool unset but status names a pool: that pool as read, to delete if stoker's.
     stale_inference_pool: Manifest | None = None
     # coldStart.nodeWarming enabled: whether this service warms its nodes, or why not (controller/warming.py).
@@ -278,6 +280,7 @@ def decide_children(snap: Snapshot) -> ChildrenPlan:
             programs_image=snap.programs_image,
             warming=snap.warming.warming if snap.warming is not None else None,
             peer_sources=snap.peer_sources,
+            snapshots=snap.snapshots,
         )
         if gate_closed
         else snap.rendered

@@ -38,6 +38,7 @@ from stoker.render import (
 from stoker.render.group import LWS_API_VERSION, LWS_KIND, LWS_PLURAL
 from stoker.render.nodewarmer import node_warmer_selector_labels
 from stoker.render.peers import PEER_KINDS, peer_labels, peers_enabled
+from stoker.render.snapshot import Snapshots
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # Set by the Job controller on an Indexed Job's pods (a multi-node seed's).
@@ -54,6 +55,7 @@ class Observer:
         warming_budget: int = 0,
         warming_reserve: int = 0,
         warming_quotas: Mapping[str, int] | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -62,6 +64,7 @@ class Observer:
         self.warming_budget = warming_budget  # per node, bytes (coldStart.nodeWarming)
         self.warming_reserve = warming_reserve
         self.warming_quotas = dict(warming_quotas or {})  # namespace -> bytes per node
+        self.snapshots = snapshots  # the admin turned snapshot and restore on
 
     def service(self, namespace: str, name: str) -> Manifest | None:
         return self.cache.get(KIND, namespace, name)
@@ -80,6 +83,7 @@ class Observer:
             programs_image=self.programs_image,
             warming=warming.warming if warming is not None else None,
             peer_sources=sources,
+            snapshots=self.snapshots,
         )
         pool_crd_missing: str | None = None
         group_crd_missing: str | None = None
@@ -161,6 +165,7 @@ class Observer:
             signing_key=signing_key,
             field_manager=self.field_manager,
             programs_image=self.programs_image,
+            snapshots=self.snapshots,
             now=now_rfc3339(),
             inference_pool_crd_missing=pool_crd_missing,
             group_crd_missing=group_crd_missing,

@@ -35,6 +35,7 @@ from stoker.controller.standby import StandbyPool
 from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
 from stoker.render import deployment_name, short_cache_key
+from stoker.render.snapshot import Snapshots
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,14 @@ class Reconciler:
             settings.node_warming_budget_bytes,
             settings.node_warming_reserve_bytes,
             settings.node_warming_namespace_quota_bytes,
+            snapshots=Snapshots(
+                self.standby.key,
+                settings.snapshot_restore_wait_seconds,
+                settings.snapshot_restore_bound_seconds,
+                settings.snapshot_offer_bound_seconds,
+            )
+            if settings.snapshot_enabled
+            else None,
         )
         self.actor = Actor(kube, cache, self.standby.key)
         # Whether new specs wait in the work queue (set by whoever runs the queue).

@@ -126,6 +126,33 @@ class OperatorSettings(BaseSettings):
         description="How often the queue of the endpoint picker is read for each VLLMService that sets"
         " spec.inferencePool.scaleFromZero and runs zero replicas.",
     )
+    snapshot_enabled: bool = Field(
+        False,
+        description="Snapshot and restore (docs/benchmarks/snapshot.md): serving pods start under"
+        " engine_init, which a node agent (the chart's snapshot.enabled) restores an engine of the pod's"
+        " cache key into, or dumps the first served one from. Needs the control key (STOKER_CONTROL_KEY or"
+        " STOKER_CONTROL_KEY_SECRET), which signs the pods the agent may act on.",
+    )
+    snapshot_restore_wait_seconds: int = Field(
+        10,
+        ge=0,
+        le=600,
+        description="How long a snapshot pod waits for the agent to claim a restore before it starts its"
+        " engine itself.",
+    )
+    snapshot_restore_bound_seconds: int = Field(
+        120,
+        ge=1,
+        le=1800,
+        description="How long a claimed restore may take before the pod starts its engine itself.",
+    )
+    snapshot_offer_bound_seconds: int = Field(
+        300,
+        ge=1,
+        le=3600,
+        description="How long a pod that started its engine stays out of its Service waiting for the agent's"
+        " dump, if the agent neither dumps nor declines it.",
+    )
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
     @model_validator(mode="after")
@@ -146,6 +173,15 @@ class OperatorSettings(BaseSettings):
     def _retry_bounds_nest(self) -> OperatorSettings:
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ValueError("need STOKER_RETRY_MAX_SECONDS >= STOKER_RETRY_INITIAL_SECONDS")
+        return self
+
+    @model_validator(mode="after")
+    def _snapshots_are_signed(self) -> OperatorSettings:
+        if self.snapshot_enabled and self.control_key is None and not self.control_key_secret:
+            raise ValueError(
+                "STOKER_SNAPSHOT_ENABLED needs STOKER_CONTROL_KEY or STOKER_CONTROL_KEY_SECRET: the key signs"
+                " the pods the snapshot agent may act on"
+            )
         return self
 
     @property

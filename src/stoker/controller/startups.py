@@ -60,7 +60,7 @@ from stoker.phases import (
     ready_gap_seconds,
     summarize,
 )
-from stoker.phases.timeline import weights_document
+from stoker.phases.timeline import snapshot_document, weights_document
 from stoker.predict.facts import parse_facts_line, with_logged_weights
 from stoker.predict.fleet import expected_status, on_node, slow_start
 from stoker.predict.model import ModelFacts, Observation
@@ -79,6 +79,7 @@ from stoker.render import (
     short_cache_key,
 )
 from stoker.render.group import LWS_API_VERSION, LWS_PLURAL, multi_node
+from stoker.snapshot.plan import NO_SNAPSHOT
 
 log = logging.getLogger(__name__)
 
@@ -386,6 +387,7 @@ class StartupRecorder:
             "finishedAt": now_rfc3339(),
             "gpuProduct": self._gpu_product(pod),
             **weights_document(timeline.weights),
+            **snapshot_document(timeline.snapshot),
         }
         if timeline.failed:
             record.update(failed=True, reason=timeline.reason)
@@ -397,9 +399,17 @@ class StartupRecorder:
         metrics.STARTUP_TOTAL_SECONDS.labels(*service, role).observe(record["totalSeconds"])
         metrics.COMPILE_CACHE_RESULTS.labels(*service, timeline.compile_cache, role).inc()
         metrics.observe_weights(service, timeline.weights)
+        snapshot = timeline.snapshot
+        restored = snapshot is not None and snapshot.outcome == "restored"
         self.kube.post_event(
-            body, "Seeded" if role == "seed" else "Started", f"{summarize(timeline)}; pod {pod_name}"
+            body,
+            "Seeded" if role == "seed" else "Restored" if restored else "Started",
+            f"{summarize(timeline)}; pod {pod_name}",
         )
+        if snapshot is not None and not restored and snapshot.reason != NO_SNAPSHOT:
+            # The node had a snapshot to restore, or the agent did not answer: the pod fell back.
+            message = f"Pod {pod_name} started its engine itself: {snapshot.reason}"
+            self.kube.post_event(body, "SnapshotNotRestored", message, warning=True)
         return ParsedStart(
             role=role,
             record=record,
@@ -465,6 +475,8 @@ class StartupRecorder:
         current_facts = facts if startup.get("modelCacheKey") == short_cache_key(svc) else None
         for start in new_starts:
             record = start.record
+            if record.get("snapshot") == "restored":
+                continue  # no start to learn from: the engine was restored past its phases
             if start.role == "serve" and not record.get("failed"):
                 metrics.set_startup_seconds(
                     metrics.STARTUP_OBSERVED_SECONDS,

@@ -4,6 +4,7 @@
     python3 -m stoker.inpod.seed         around the seed Job's `vllm serve`
     python3 -m stoker.inpod.download     the download-model init container
     python3 -m stoker.inpod.node_warmer  the node warming DaemonSet's agent
+    python3 -m stoker.inpod.engine_init  PID 1 of serving pods made for snapshot and restore
 
 They run in whatever vLLM image a VLLMService names, from a copy of this package (with stoker/__init__.py
 and stoker/guard.py) that the `stoker-programs` init container puts on a volume (`stoker programs DIR`):

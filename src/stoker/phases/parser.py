@@ -39,6 +39,7 @@ from stoker.phases.patterns import (
     TRACEBACK_START,
     marker_pattern,
 )
+from stoker.phases.snapshot import SnapshotTracker
 from stoker.phases.timeline import CompileCache, CompileCacheReason, StartupTimeline
 from stoker.phases.weights import WeightsTracker
 
@@ -85,6 +86,8 @@ class _Run:
     worker_weight_bytes: int | None = None
     # coldStart.peerWeights: what ModelExpress said about where the weights came from.
     weights: WeightsTracker = field(default_factory=WeightsTracker)
+    # Snapshot and restore: what the pod's engine_init said.
+    snapshot: SnapshotTracker = field(default_factory=SnapshotTracker)
 
 
 class StartupLogParser:
@@ -145,6 +148,8 @@ class StartupLogParser:
                     self._run.worker_weight_bytes = self._profile.logged_weight_bytes(message)
             else:
                 self._run.weights.feed(message)
+        else:
+            self._run.snapshot.feed(line)
         self._follow_traceback(line, message)
 
     def timeline(self) -> StartupTimeline:
@@ -176,6 +181,7 @@ class StartupLogParser:
             engine_version=self._engine_version,
             worker_weight_bytes=run.worker_weight_bytes,
             weights=run.weights.result(),
+            snapshot=run.snapshot.start,
             failed=failed,
             reason=run.exception if failed else None,
             ready=ready,

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from stoker.phases.snapshot import SnapshotStart
 from stoker.phases.weights import WeightsLoad
 
 CompileCache = Literal["hit", "miss", "none"]
@@ -30,6 +31,8 @@ class StartupTimeline:
     worker_weight_bytes: int | None = None
     # coldStart.peerWeights: from a peer or from storage, as ModelExpress logged it; None without it.
     weights: WeightsLoad | None = None
+    # Snapshot and restore: restored, or started by itself, as the pod's engine_init said; None without it.
+    snapshot: SnapshotStart | None = None
     failed: bool = False
     reason: str | None = None
     ready: bool = False
@@ -50,6 +53,7 @@ class StartupTimeline:
         if self.engine_version is not None:
             document["engineVersion"] = self.engine_version
         document.update(weights_document(self.weights))
+        document.update(snapshot_document(self.snapshot))
         if self.failed:
             document["failed"] = True
             document["reason"] = self.reason
@@ -58,7 +62,10 @@ class StartupTimeline:
 
 def summarize(timeline: StartupTimeline) -> str:
     """One line for an Event, e.g. `Started in 63.2 s (weights 10.7 s, compile 4.6 s, cache hit)`."""
-    if timeline.failed:
+    snapshot = timeline.snapshot
+    if snapshot is not None and snapshot.outcome == "restored":
+        message = f"Restored from the node's snapshot in {snapshot.restore_seconds:.1f} s"
+    elif timeline.failed:
         message = f"Failed to start: {timeline.reason}"
     elif timeline.ready and timeline.total_seconds is not None:
         details = []
@@ -77,12 +84,27 @@ def summarize(timeline: StartupTimeline) -> str:
                 cache += " (the kept cache failed to load)"
             details.append(cache)
         message = f"Started in {timeline.total_seconds:.1f} s ({', '.join(details)})"
+        if snapshot is not None:
+            message += f"; not restored: {snapshot.reason}"
     elif timeline.phases:
         last_phase = next(reversed(timeline.phases))
         message = f"Not ready after {sum(timeline.phases.values()):.1f} s (last phase done: {last_phase})"
     else:
         message = "Not ready (no startup phase finished yet)"
     return message[:_EVENT_MESSAGE_LIMIT]
+
+
+def snapshot_document(start: SnapshotStart | None) -> dict[str, Any]:
+    """The start record's snapshot fields (status.startup, `stoker phases --json`): none without
+    engine_init."""
+    if start is None:
+        return {}
+    document: dict[str, Any] = {"snapshot": start.outcome}
+    if start.reason is not None:
+        document["snapshotReason"] = start.reason
+    if start.restore_seconds is not None:
+        document["snapshotRestoreSeconds"] = start.restore_seconds
+    return document
 
 
 def weights_document(weights: WeightsLoad | None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job
 from stoker.render.service import build_service
+from stoker.render.snapshot import Snapshots
 
 
 def seed_wanted(svc: VLLMService) -> bool:
@@ -22,12 +23,17 @@ def seed_wanted(svc: VLLMService) -> bool:
 
 
 def build_serving(
-    svc: VLLMService, *, replicas: int | None = None, programs_image: str = DEFAULT_PROGRAMS_IMAGE
+    svc: VLLMService,
+    *,
+    replicas: int | None = None,
+    programs_image: str = DEFAULT_PROGRAMS_IMAGE,
+    snapshots: Snapshots | None = None,
 ) -> Json:
-    """What runs the replicas: a Deployment, or with runtime.nodesPerReplica above 1 a LeaderWorkerSet of
-    that many pods per replica (render.group)."""
-    build = build_leader_worker_set if multi_node(svc) else build_deployment
-    return build(svc, replicas=replicas, programs_image=programs_image)
+    """What runs the replicas: a Deployment (its pods made for `snapshots` where the service allows), or
+    with runtime.nodesPerReplica above 1 a LeaderWorkerSet of that many pods per replica (render.group)."""
+    if multi_node(svc):
+        return build_leader_worker_set(svc, replicas=replicas, programs_image=programs_image)
+    return build_deployment(svc, replicas=replicas, programs_image=programs_image, snapshots=snapshots)
 
 
 SERVING_KINDS = ("Deployment", LWS_KIND)
@@ -45,6 +51,7 @@ def render_children(
     programs_image: str = DEFAULT_PROGRAMS_IMAGE,
     warming: Warming | None = None,
     peer_sources: list[Peer] | None = None,
+    snapshots: Snapshots | None = None,
 ) -> list[Json]:
     """Control Secret, PVCs, seed Job (for a multi-node service with its headless Service), Deployment or
     LeaderWorkerSet (build_serving), Service, with `warming` (the operator's decision for
@@ -56,7 +63,8 @@ def render_children(
     runs);
     `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
     service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
-    image, by default of this version)."""
+    image, by default of this version); with `snapshots` (the admin turned snapshot and restore on) the
+    serving pods are made for them (render.snapshot)."""
     children: list[Json] = []
     if svc.spec.cold_start.standby is not None and control_token is not None:
         children.append(build_control_secret(svc, control_token))
@@ -68,7 +76,9 @@ def render_children(
         if multi_node(svc):
             children.append(build_seed_group_service(svc))
         children.append(build_seed_job(svc, programs_image=programs_image))
-    children.append(build_serving(svc, replicas=serving_replicas, programs_image=programs_image))
+    children.append(
+        build_serving(svc, replicas=serving_replicas, programs_image=programs_image, snapshots=snapshots)
+    )
     children.append(build_service(svc))
     children += build_peer_children(svc, peer_sources or [])
     if warming is not None:

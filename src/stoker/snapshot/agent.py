@@ -37,7 +37,7 @@ from typing import Any, NoReturn, TypedDict
 from stoker.api.owned import CACHE_KEY_LABEL, INSTANCE_LABEL, SNAPSHOT_LABEL
 from stoker.inpod import engine_init
 from stoker.render.pods import ENGINE_CONTAINER
-from stoker.snapshot import plan
+from stoker.snapshot import plan, trust
 
 # Written last by a dump that completed: what the restore needs beside CRIU's images.
 MANIFEST = "stoker-snapshot.json"
@@ -486,11 +486,15 @@ def first_word(directory: int, name: str) -> str | None:
     return text.split()[0] if text else None
 
 
-def handshake_of(pod: dict[str, Any], inits: dict[str, int], handshake: str) -> plan.PodHandshake | None:
-    """The pod's engine_init as the agent finds it, or None: its engine container not running here, the pod
-    going away, or names no snapshot can have (labels are the pod author's)."""
+def handshake_of(
+    pod: dict[str, Any], inits: dict[str, int], handshake: str, key: str
+) -> plan.PodHandshake | None:
+    """The pod's engine_init as the agent finds it, or None: not signed by the operator for its namespace,
+    service and cache key (trust.signed: labels are the pod author's), its engine container not running here,
+    the pod going away, or names no snapshot can have."""
     metadata, labels = pod["metadata"], pod["metadata"].get("labels") or {}
-    if metadata.get("deletionTimestamp"):
+    service, cache_key = labels.get(INSTANCE_LABEL, ""), labels.get(CACHE_KEY_LABEL, "")
+    if metadata.get("deletionTimestamp") or not trust.signed(key, pod, service, cache_key, ENGINE_CONTAINER):
         return None
     statuses = pod.get("status", {}).get("containerStatuses") or []
     engine: dict[str, Any] = next((s for s in statuses if s.get("name") == ENGINE_CONTAINER), {})
@@ -498,7 +502,7 @@ def handshake_of(pod: dict[str, Any], inits: dict[str, int], handshake: str) -> 
     init = inits.get(container)
     if init is None or "running" not in (engine.get("state") or {}):
         return None
-    names = (metadata["namespace"], labels.get(INSTANCE_LABEL, ""), labels.get(CACHE_KEY_LABEL, ""))
+    names = (metadata["namespace"], service, cache_key)
     try:
         plan.image_directory(Path("/"), *names)
         with handshake_directory(init, handshake) as directory:
@@ -552,9 +556,11 @@ def act(
     return dump_offered(image, pod.container, criu, handshake)
 
 
-def serve(node: str, base: Path, criu: str, handshake: str, interval: float, reserve_bytes: int) -> NoReturn:
-    """Every `interval` seconds, the node's pods labelled for snapshots: each step of node_actions, one JSON
-    line each."""
+def serve(
+    node: str, base: Path, criu: str, handshake: str, interval: float, reserve_bytes: int, key: str
+) -> NoReturn:
+    """Every `interval` seconds, the node's pods labelled for snapshots and signed with `key` (the operator's
+    control key): each step of node_actions, one JSON line each."""
     # Only the serving agent talks to the API server (its client is slow to import: not for dump and restore).
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -571,7 +577,7 @@ def serve(node: str, base: Path, criu: str, handshake: str, interval: float, res
             time.sleep(interval)
             continue
         inits = container_inits()
-        found = [handshake_of(pod, inits, handshake) for pod in listed]
+        found = [handshake_of(pod, inits, handshake, key) for pod in listed]
         pods = [pod for pod in found if pod is not None]
         for action in plan.node_actions(pods, completed_snapshots(base)):
             line: dict[str, object] = {
@@ -612,13 +618,28 @@ def main(argv: list[str] | None = None) -> int:
         default=engine_init.HANDSHAKE_DIRECTORY,
         help="engine_init's directory in the container (default: %(default)s)",
     )
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        help="serve: the operator's control key; only pods it signed are acted on (stoker.snapshot.trust)",
+    )
     args = parser.parse_args(argv)
-    wanted = ["node"] if args.action == "serve" else ["namespace", "service", "cache_key", "container"]
+    wanted = (
+        ["node", "key_file"] if args.action == "serve" else ["namespace", "service", "cache_key", "container"]
+    )
     missing = [f"--{name.replace('_', '-')}" for name in wanted if getattr(args, name) is None]
     if missing:
         parser.error(f"{args.action} needs {', '.join(missing)}")
     if args.action == "serve":
-        serve(args.node, args.base, args.criu, args.handshake, args.interval, args.reserve_bytes)
+        try:
+            key = args.key_file.read_text().strip()
+        except OSError as unreadable:
+            parser.error(f"--key-file: {unreadable}")
+        if len(key) < trust.MINIMUM_KEY_LENGTH:
+            parser.error(
+                f"--key-file: {args.key_file} holds no key of {trust.MINIMUM_KEY_LENGTH} characters or more"
+            )
+        serve(args.node, args.base, args.criu, args.handshake, args.interval, args.reserve_bytes, key)
     try:
         image = plan.image_directory(args.base, args.namespace, args.service, args.cache_key)
         container = args.container.removeprefix("containerd://")
