@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
-# Two images from one file:
+# Three images from one file:
 #   docker build --target operator -t ghcr.io/stoker-dev/stoker:0.1.0 .
 #   docker build --target runtime  -t ghcr.io/stoker-dev/stoker-vllm:0.26.0 .
+#   docker build --target snapshot-agent -t ghcr.io/stoker-dev/stoker:0.1.0-snapshot-agent .
 # The operator image also ships the programs stoker runs in its pods (`stoker programs DIR`, run by every
 # seed and serving pod's init container): the runtime image needs nothing of stoker, like any vLLM image.
 # Every base image and package is pinned: tests/unit/test_dockerfile.py rejects floating tags.
@@ -32,6 +33,38 @@ USER 65532:65532
 EXPOSE 8080 8081
 ENTRYPOINT ["stoker"]
 CMD ["run"]
+
+# ------------------------------------------------------------------------------------------- criu
+# CRIU as hack/criu builds it: bookworm's own 3.17.1 fails `criu check` on current kernels (vDSO), so 4.2.1
+# from Debian's pinned source tarball, against the libraries of the bookworm the agent's image runs on.
+FROM ${PYTHON_IMAGE} AS criu
+ARG CRIU_VERSION=4.2.1
+ARG CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl xz-utils \
+        build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
+        python3-protobuf libnl-3-dev libcap-dev libnet1-dev libgnutls28-dev libaio-dev libbsd-dev \
+        libnftables-dev libdrm-dev uuid-dev \
+    && curl -fsSL -o /tmp/criu.tar.xz "http://deb.debian.org/debian/pool/main/c/criu/criu_${CRIU_VERSION}.orig.tar.xz" \
+    && echo "${CRIU_SHA256}  /tmp/criu.tar.xz" | sha256sum -c - \
+    && tar -xJf /tmp/criu.tar.xz -C /tmp \
+    && make -C "/tmp/criu-${CRIU_VERSION}" -j"$(nproc)" criu \
+    && make -C "/tmp/criu-${CRIU_VERSION}" install-criu PREFIX=/opt/criu
+
+# --------------------------------------------------------------------------------- snapshot-agent
+# The operator's image with CRIU, for the snapshot agent's DaemonSet (chart value snapshot.image), which
+# runs it privileged as root: `python3 -m stoker.snapshot.agent serve`.
+FROM operator AS snapshot-agent
+USER 0:0
+COPY --from=criu /opt/criu/sbin/criu /usr/local/sbin/criu
+# The runtime halves of the builder's -dev packages that criu links. nsenter and unshare, with which the
+# agent runs CRIU in a target's PID namespace, are util-linux's, which Debian always installs.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libbsd0 libgnutls30 \
+        libnet1 libnftables1 libnl-3-200 libprotobuf-c1 libuuid1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && criu --version && nsenter --version && unshare --version
+USER 65532:65532
 
 # ---------------------------------------------------------------------------------------- runtime
 FROM ${VLLM_IMAGE} AS runtime

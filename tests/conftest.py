@@ -202,7 +202,7 @@ def _collect_artifacts(test_name: str, namespace: str, cluster: Cluster, kubectl
 class Operator:
     """`stoker run` as a real process against the test cluster, on ports of its own.
 
-    `env` overrides the environment, e.g. a KUBECONFIG that signs in as another identity.
+    `env` overrides the environment, e.g. a KUBECONFIG that signs in as another identity, or a setting.
     """
 
     def __init__(
@@ -216,16 +216,16 @@ class Operator:
         self.log_path = log_path
         self.metrics_port = metrics_port
         self.liveness_port = metrics_port + 1
-        self.env = dict(
-            cluster.env,
-            STOKER_METRICS_PORT=str(self.metrics_port),
-            STOKER_LIVENESS_PORT=str(self.liveness_port),
-            STOKER_DRIFT_INTERVAL_SECONDS="5",
-            STOKER_STANDBY_DRAIN_SECONDS="1",
-            STOKER_CONTROL_KEY="e2e-control-key",
-            PYTHONUNBUFFERED="1",
+        self.env = {
+            **cluster.env,
+            "STOKER_METRICS_PORT": str(self.metrics_port),
+            "STOKER_LIVENESS_PORT": str(self.liveness_port),
+            "STOKER_DRIFT_INTERVAL_SECONDS": "5",
+            "STOKER_STANDBY_DRAIN_SECONDS": "1",
+            "STOKER_CONTROL_KEY": "e2e-control-key",
+            "PYTHONUNBUFFERED": "1",
             **(env or {}),
-        )
+        }
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

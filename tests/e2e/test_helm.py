@@ -28,6 +28,13 @@ ARTIFACTS = REPO / ".artifacts" / "e2e"
 RELEASE = "stoker"
 # Ports of their own: the session's operator fixture uses 28080/28081.
 METRICS_PORT = 28180  # and liveness on 28181
+SNAPSHOT = ("--set", "snapshot.enabled=true")
+# The chart's value sets: defaults, namespaced with a ServiceMonitor, the snapshot agent.
+VALUE_SETS = [
+    [],
+    ["--set", "watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"],
+    [*SNAPSHOT, "--set", "watchNamespaces={a,b}"],
+]
 
 
 def example_name() -> str:
@@ -46,9 +53,7 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------- lint, template
 
 
-@pytest.mark.parametrize(
-    "values", [[], ["--set", "watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"]]
-)
+@pytest.mark.parametrize("values", VALUE_SETS)
 def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
     helm("lint", "--strict", str(CHART), *values)
 
@@ -67,6 +72,18 @@ def test_chart_lints_strictly(helm: Helm, values: list[str]) -> None:
         "admission.allowedVolumeTypes={host_path}",
         "admission.maxVolumeSize=lots",
         "admission.allowNodePinning=maybe",
+        "snapshot.enabled=maybe",
+        "snapshot.unknownKey=1",
+        "snapshot.reserveGiB=-1",
+        "snapshot.restoreWaitSeconds=-1",
+        "snapshot.restoreBoundSeconds=0",
+        "snapshot.offerBoundSeconds=0",
+        "snapshot.restoreBoundSeconds=1801",
+        "snapshot.hostPath=var/lib/stoker",
+        "snapshot.hostPath=/",
+        "snapshot.hostPath=/var/lib/../../etc",
+        "snapshot.image.tag=latest",
+        "snapshot.image.digest=sha256:abc",
     ],
 )
 def test_values_schema_rejects_bad_values(helm: Helm, bad: str) -> None:
@@ -111,9 +128,7 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     assert not of_kind(rendered(helm, "--set", "replicas=1"), "PodDisruptionBudget")
 
 
-@pytest.mark.parametrize(
-    "values", [[], ["--set", "watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"]]
-)
+@pytest.mark.parametrize("values", VALUE_SETS)
 def test_every_namespaced_object_names_the_release_namespace(helm: Helm, values: list[str]) -> None:
     """`helm template | kubectl apply` puts an object without a namespace in kubectl's (often `default`)."""
     cluster_scoped = {
@@ -161,12 +176,18 @@ def test_operator_endpoints_bind_where_they_are_needed(
     }
 
 
+def is_agents(obj: dict[str, Any]) -> bool:
+    return obj["metadata"]["labels"]["app.kubernetes.io/component"] == "snapshot-agent"
+
+
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """The operator's rules (not those of the ClusterRoles for people, aggregated into admin, edit, view)."""
+    """The operator's rules (not those of the ClusterRoles for people, aggregated into admin, edit, view,
+    nor the snapshot agent's)."""
     return [
         rule
         for role in of_kind(docs, kind)
-        if not any(
+        if not is_agents(role)
+        and not any(
             label.startswith("rbac.authorization.k8s.io/aggregate-to-")
             for label in role["metadata"]["labels"]
         )
@@ -211,9 +232,14 @@ def test_operator_state_rights_are_named_and_in_its_namespace(helm: Helm) -> Non
 
 @pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
 def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
-    docs = rendered(helm, *(["--set", "watchNamespaces={ml,research}"] if mode == "namespaced" else []))
+    watch = ["--set", "watchNamespaces={ml,research}"] if mode == "namespaced" else []
+    docs = rendered(helm, *SNAPSHOT, *watch)
     rules = rules_of(docs, "ClusterRole") + [rule for role in workload_roles(docs) for rule in role["rules"]]
-    for rule in rules:
+    agent = [rule for role in of_kind(docs, "ClusterRole") if is_agents(role) for rule in role["rules"]]
+    # The snapshot agent reads its node's pods, of every namespace in one list (a Role cannot grant that).
+    assert agent == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert not [role for role in of_kind(docs, "Role") if is_agents(role)]
+    for rule in rules + agent:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
     verbs = {
@@ -272,6 +298,153 @@ def test_service_monitor_is_optional(helm: Helm) -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     (service,) = of_kind(rendered(helm), "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def operator_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = of_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {item["name"]: item.get("value") for item in container["env"]}
+
+
+def snapshot_seconds(docs: list[dict[str, Any]]) -> list[str]:
+    """The operator's restore wait, restore bound and offer bound."""
+    env = operator_env(docs)
+    return [
+        env[f"STOKER_SNAPSHOT_{name}_SECONDS"] for name in ("RESTORE_WAIT", "RESTORE_BOUND", "OFFER_BOUND")
+    ]
+
+
+def test_snapshot_agent_is_opt_in(helm: Helm) -> None:
+    docs = rendered(helm)
+    assert not [doc for doc in docs if is_agents(doc)] and not of_kind(docs, "DaemonSet")
+    assert operator_env(docs)["STOKER_SNAPSHOT_ENABLED"] == "false"
+    assert snapshot_seconds(docs) == ["10", "120", "300"]
+
+
+def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
+    """A privileged root container in the host's PID namespace (CRIU dumps and restores other containers'
+    processes), the host paths it reaches them by, the operator's key read-only, and a list of pods."""
+    docs = rendered(helm, *SNAPSHOT)
+    (daemonset,) = of_kind(docs, "DaemonSet")
+    assert (
+        daemonset["metadata"]["namespace"] == "ops"
+        and daemonset["metadata"]["name"] == "stoker-snapshot-agent"
+    )
+    pod = daemonset["spec"]["template"]["spec"]
+    selector = daemonset["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/component"] == "snapshot-agent"
+    # Neither the operator's Deployment, PDB nor metrics Service selects the agent's pods.
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    (deployment,) = of_kind(docs, "Deployment")
+    operator_selector = deployment["spec"]["selector"]["matchLabels"]
+    assert not operator_selector.items() <= labels.items() and selector.items() <= labels.items()
+    (service,) = of_kind(docs, "Service")
+    assert not service["spec"]["selector"].items() <= labels.items()
+    assert (
+        pod["serviceAccountName"] == "stoker-snapshot-agent" and pod["automountServiceAccountToken"] is True
+    )
+    assert pod["hostPID"] is True
+    assert not {"hostNetwork", "hostIPC", "securityContext"} & pod.keys()
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert container["image"] == "ghcr.io/stoker-dev/stoker:0.1.0-snapshot-agent"  # unless set
+    # The operator's image has no CRIU: its agents stay un-Ready, and the rollout says so.
+    assert container["readinessProbe"]["exec"]["command"] == ["criu", "--version"]
+    assert container["command"] == [
+        *("python3", "-m", "stoker.snapshot.agent", "serve", "--node", "$(NODE_NAME)"),
+        *("--base", "/var/lib/stoker/snapshots", "--reserve-bytes", str(20 << 30)),
+        *("--key-file", "/etc/stoker/control-key/key"),
+    ]
+    assert container["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    host_paths = {name: volume["hostPath"] for name, volume in volumes.items() if "hostPath" in volume}
+    assert host_paths == {
+        "snapshots": {"path": "/var/lib/stoker/snapshots", "type": "DirectoryOrCreate"},
+        "containerd": {"path": "/run/containerd", "type": "Directory"},
+        "kubelet-pods": {"path": "/var/lib/kubelet/pods", "type": "Directory"},
+        "cgroup": {"path": "/sys/fs/cgroup", "type": "Directory"},
+    }
+    assert volumes["control-key"] == {
+        "name": "control-key",
+        "secret": {"secretName": "stoker-control-key", "defaultMode": 0o400},
+    }
+    assert volumes.keys() == {*host_paths, "control-key"}
+    mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
+    assert mounts.keys() == volumes.keys()
+    for name, host_path in host_paths.items():  # at the host's own paths, as CRIU finds them
+        assert mounts[name]["mountPath"] == host_path["path"] and not mounts[name].get("readOnly")
+    # The containers' roots and volumes, mounted after the agent started.
+    assert {name: mount.get("mountPropagation") for name, mount in mounts.items()} == {
+        "snapshots": None,
+        "containerd": "HostToContainer",
+        "kubelet-pods": "HostToContainer",
+        "cgroup": None,
+        "control-key": None,
+    }
+    assert mounts["control-key"] == {
+        "name": "control-key",
+        "mountPath": "/etc/stoker/control-key",
+        "readOnly": True,
+    }
+    (account,) = [doc for doc in of_kind(docs, "ServiceAccount") if is_agents(doc)]
+    assert (account["metadata"]["name"], account["metadata"]["namespace"]) == ("stoker-snapshot-agent", "ops")
+    (role,) = [doc for doc in of_kind(docs, "ClusterRole") if is_agents(doc)]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    (binding,) = [doc for doc in of_kind(docs, "ClusterRoleBinding") if is_agents(doc)]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == "ops-stoker-snapshot-agent"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "stoker-snapshot-agent", "namespace": "ops"}
+    ]
+    assert operator_env(docs)["STOKER_SNAPSHOT_ENABLED"] == "true"
+
+
+def test_snapshot_values_reach_the_agent_and_the_operator(helm: Helm) -> None:
+    docs = rendered(
+        helm,
+        *SNAPSHOT,
+        *("--set", "snapshot.hostPath=/data/snapshots", "--set-json", "snapshot.reserveGiB=0.5"),
+        *("--set", "snapshot.restoreWaitSeconds=3", "--set", "snapshot.restoreBoundSeconds=60"),
+        *("--set", "snapshot.offerBoundSeconds=30", "--set", "snapshot.image.tag=0.1.0-snapshot-agent"),
+        *("--set", "snapshot.nodeSelector.gpu=yes", "--set", "snapshot.priorityClassName=critical"),
+        *("--set", "rbac.create=false"),
+    )
+    (daemonset,) = of_kind(docs, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[command.index("--base") + 1] == "/data/snapshots"
+    assert command[command.index("--reserve-bytes") + 1] == str(1 << 29)
+    (snapshots,) = [volume for volume in pod["volumes"] if volume["name"] == "snapshots"]
+    (mount,) = [mount for mount in container["volumeMounts"] if mount["name"] == "snapshots"]
+    assert snapshots["hostPath"]["path"] == mount["mountPath"] == "/data/snapshots"
+    assert container["image"] == "ghcr.io/stoker-dev/stoker:0.1.0-snapshot-agent"
+    assert pod["nodeSelector"] == {"gpu": "yes"} and pod["priorityClassName"] == "critical"
+    # rbac.create=false: the admin binds the agent's ServiceAccount.
+    assert not [doc for doc in docs if doc["kind"].endswith(("Role", "RoleBinding")) and is_agents(doc)]
+    assert snapshot_seconds(docs) == ["3", "60", "30"]
+    digest = "sha256:" + "a" * 64
+    (daemonset,) = of_kind(rendered(helm, *SNAPSHOT, "--set", f"snapshot.image.digest={digest}"), "DaemonSet")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"ghcr.io/stoker-dev/stoker@{digest}"
+    # Nothing set: the operator's repository at its version's snapshot-agent tag.
+    (daemonset,) = of_kind(rendered(helm, *SNAPSHOT, "--set", "image.tag=9.9.9"), "DaemonSet")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/stoker-dev/stoker:9.9.9-snapshot-agent"
+
+
+def test_snapshot_agent_objects_pass_the_api_servers_validation(namespace: str, kubectl, helm: Helm) -> None:
+    """A server-side dry run: the DaemonSet's fields (mount propagation, host path types, the Secret's mode)
+    as the API server reads them."""
+    manifest = helm(
+        *("template", RELEASE, str(CHART), "--namespace", namespace, *SNAPSHOT),
+        *("--show-only", "templates/snapshot-agent.yaml"),
+    ).stdout
+    applied = kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout.splitlines()
+    assert len(applied) == 4 and all(line.endswith("(server dry run)") for line in applied), applied
 
 
 # ------------------------------------------------------------------------------ install, run, uninstall

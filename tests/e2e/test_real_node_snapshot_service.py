@@ -122,6 +122,9 @@ def test_the_operator_renders_signed_snapshot_pods_that_the_agent_takes_and_that
             last = wait_for(recorded, 120, "the start in status.startup.last")
             assert last["snapshot"] == "started" and last["snapshotReason"] == plan.NO_SNAPSHOT, last
             assert last["totalSeconds"] > 0, last
+            # The seed's cache found under the pod's own environment (loopback, a spawned engine): the CPU
+            # platform's one outcome of a kept cache (test_real_node_service says why it is no hit).
+            assert (last["compileCache"], last.get("compileCacheReason")) == ("miss", "loadFailed"), last
             events = get_json(kubectl, "-n", namespace, "events", "--field-selector", "reason=Started") or {}
             messages = [event["message"] for event in events.get("items", [])]
             assert any(f"not restored: {plan.NO_SNAPSHOT}; pod {name}" in m for m in messages), messages

@@ -291,7 +291,8 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         # A pod with dst's labels and signature that runs something else: the agent never acts on it.
         copy = forged(pod("dst", KEY, real_node.placement(), volumes, namespace), "forged")
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(copy))
-        wait_for(lambda: len(init_events("forged")) >= 1, timeout=120, what="forged started its own")
+        wait_for(lambda: started("forged"), timeout=120, what="forged running")
+        wait_for(lambda: len(init_events("forged")) >= 1, timeout=60, what="forged started its own")
         assert init_events("forged")[0] == {"event": "starting", "reason": "no restore claimed within 3 s"}
 
         # A snapshot CRIU cannot restore (its memory pages gone): the replica starts its engine as any does,

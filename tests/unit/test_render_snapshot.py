@@ -65,6 +65,7 @@ def test_the_engine_runs_under_engine_init_gated_on_loopback_and_signed() -> Non
     assert {name: env[name] for name in plan.LOOPBACK_ENVIRONMENT} == plan.LOOPBACK_ENVIRONMENT
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # a GPU engine: forked ones share device files
     assert engine["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "snapshot-gate"}
+    assert engine["readinessProbe"]["periodSeconds"] == 1
     assert {"name": "snapshot-gate", "containerPort": GATE_PORT, "protocol": "TCP"} in engine["ports"]
     assert (
         engine["startupProbe"] == plain["startupProbe"] and engine["livenessProbe"] == plain["livenessProbe"]

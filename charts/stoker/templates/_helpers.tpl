@@ -20,12 +20,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{- define "stoker.labels" -}}
-{{ include "stoker.selectorLabels" . }}
+{{- define "stoker.commonLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: stoker
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "stoker.labels" -}}
+{{ include "stoker.selectorLabels" . }}
+{{ include "stoker.commonLabels" . }}
+{{- end -}}
+
+{{/* The snapshot agent's: a component of its own, so that the operator's selectors (Deployment, PDB,
+metrics Service) never take the agent's pods, nor the DaemonSet the operator's. */}}
+{{- define "stoker.snapshotAgentSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "stoker.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: snapshot-agent
+{{- end -}}
+
+{{- define "stoker.snapshotAgentLabels" -}}
+{{ include "stoker.snapshotAgentSelectorLabels" . }}
+{{ include "stoker.commonLabels" . }}
+{{- end -}}
+
+{{- define "stoker.snapshotAgentName" -}}
+{{- printf "%s-snapshot-agent" (include "stoker.fullname" . | trunc 48 | trimSuffix "-") -}}
 {{- end -}}
 
 {{- define "stoker.serviceAccountName" -}}
@@ -63,6 +84,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The snapshot agent's image: snapshot.image where set (an empty repository is the operator's), else
+the operator's repository at its version's `-snapshot-agent` tag (the Dockerfile's snapshot-agent target). */}}
+{{- define "stoker.snapshotAgentImage" -}}
+{{- $agent := .Values.snapshot.image -}}
+{{- $repository := default .Values.image.repository $agent.repository -}}
+{{- if $agent.digest -}}
+{{- printf "%s@%s" $repository $agent.digest -}}
+{{- else -}}
+{{- $version := default .Chart.AppVersion .Values.image.tag -}}
+{{- printf "%s:%s" $repository (default (printf "%s-snapshot-agent" $version) $agent.tag) -}}
 {{- end -}}
 {{- end -}}
 

@@ -74,8 +74,9 @@ def with_snapshots(svc: VLLMService, template: Json, snapshots: Snapshots) -> No
         {"name": name, "value": value} for name, value in extra.items()
     ]
     engine["ports"].append({"name": GATE_PORT_NAME, "containerPort": GATE_PORT, "protocol": "TCP"})
+    # Every second, as the startup probe: the gate opens the moment a dump's outcome is in.
     gate = {"path": "/ready", "port": GATE_PORT_NAME}
-    engine["readinessProbe"] = {**engine["readinessProbe"], "httpGet": gate}
+    engine["readinessProbe"] = {**engine["readinessProbe"], "httpGet": gate, "periodSeconds": 1}
     engine["volumeMounts"].append({"name": HANDSHAKE_VOLUME, "mountPath": engine_init.HANDSHAKE_DIRECTORY})
     spec["volumes"].append({"name": HANDSHAKE_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
     labels = template["metadata"]["labels"]
