@@ -237,7 +237,7 @@ def test_rbac_is_explicit_and_least_privilege(helm: Helm, mode: str) -> None:
     rules = rules_of(docs, "ClusterRole") + [rule for role in workload_roles(docs) for rule in role["rules"]]
     agent = [rule for role in of_kind(docs, "ClusterRole") if is_agents(role) for rule in role["rules"]]
     # The snapshot agent reads its node's pods, of every namespace in one list (a Role cannot grant that).
-    assert agent == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert agent == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     assert not [role for role in of_kind(docs, "Role") if is_agents(role)]
     for rule in rules + agent:
         for key in ("apiGroups", "resources", "verbs"):
@@ -393,7 +393,7 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
     (account,) = [doc for doc in of_kind(docs, "ServiceAccount") if is_agents(doc)]
     assert (account["metadata"]["name"], account["metadata"]["namespace"]) == ("stoker-snapshot-agent", "ops")
     (role,) = [doc for doc in of_kind(docs, "ClusterRole") if is_agents(doc)]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     (binding,) = [doc for doc in of_kind(docs, "ClusterRoleBinding") if is_agents(doc)]
     assert binding["roleRef"]["name"] == role["metadata"]["name"] == "ops-stoker-snapshot-agent"
     assert binding["subjects"] == [

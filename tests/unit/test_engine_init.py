@@ -98,6 +98,33 @@ def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_
     assert "the command ran" not in stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
+def test_what_a_failed_restore_attempt_leaves_is_reaped_while_it_waits(tmp_path: Path) -> None:
+    """CRIU's tasks of a failed attempt are reparented to PID 1 when CRIU exits; as zombies they would keep
+    their PIDs, which the agent's next attempt needs."""
+    container = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc",
+         *command(tmp_path, 30, 30, "sh", "-c", "exit 4")],
+        stdout=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: children(container.pid))
+        (init,) = children(container.pid)
+        assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+        # A task left behind: orphaned at once (its parent exits), then it exits itself.
+        subprocess.run(
+            ["nsenter", f"--target={init}", "--pid", "--", "sh", "-c", "(sleep 0.3; exit 0) &"], check=True
+        )
+        wait_until(lambda: children(init))
+        wait_until(lambda: not children(init), timeout=5)  # reaped, not a zombie
+        assert claim(tmp_path, engine_init.OUTCOME, f"{engine_init.FAILED} criu restore failed")
+        stdout, _ = container.communicate(timeout=30)
+    finally:
+        container.kill()
+    assert container.returncode == 4
+    assert [event["event"] for event in events(stdout)] == ["restoring", "starting", "exited"]
+
+
 def test_a_failed_restore_starts_the_command_and_says_why(tmp_path: Path) -> None:
     running = subprocess.Popen(
         command(tmp_path, 30, 30, "sh", "-c", "echo engine started"),

@@ -49,7 +49,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from stoker.inpod import options_and_command, program_parser
 
@@ -107,12 +108,33 @@ def create_once(name: str, text: str, dir_fd: int | None = None) -> bool:
     return True
 
 
-def settled(directory: str, name: str, mine: str, deadline: float) -> str:
-    """DIR/NAME once someone writes it, or `mine` if this call writes it first when `deadline` comes."""
+# Children that ended while this PID 1 waited for a restore: what a failed attempt of the agent left (CRIU's
+# tasks, reparented here when CRIU exits), or a restored engine that died at once. Reaped at once: a zombie
+# keeps its PID, and the agent's next attempt needs the tree's PIDs free ("Can't fork for PID: File exists").
+ended: dict[int, int] = {}
+
+
+def reap_ended() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ended[pid] = status
+
+
+def settled(
+    directory: str, name: str, mine: str, deadline: float, waiting: Callable[[], None] = lambda: None
+) -> str:
+    """DIR/NAME once someone writes it, or `mine` if this call writes it first when `deadline` comes;
+    `waiting` runs at every poll."""
     while time.monotonic() < deadline:
         found = read_once(directory, name)
         if found is not None:
             return found
+        waiting()
         time.sleep(POLL_SECONDS)
     if create_once(os.path.join(directory, name), mine):
         return mine
@@ -127,7 +149,7 @@ def settled(directory: str, name: str, mine: str, deadline: float) -> str:
 def restored_engine(directory: str, wait: float, bound: float) -> int | None:
     """The PID of the engine the agent restored, or None: start the command."""
     began = time.monotonic()
-    decision = settled(directory, DECISION, START, began + wait)
+    decision = settled(directory, DECISION, START, began + wait, reap_ended)
     if decision != RESTORE:
         _, _, told = decision.partition(" ")  # the agent's reason, when it decided
         if not decision:  # a claim its writer never finished: an agent that restores after all must not win
@@ -136,7 +158,7 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
         say("starting", reason=told[:1000] or f"no restore claimed within {wait:g} s")
         return None
     say("restoring", claimedAfterSeconds=round(time.monotonic() - began, 3))
-    outcome = settled(directory, OUTCOME, ABANDONED, time.monotonic() + bound)
+    outcome = settled(directory, OUTCOME, ABANDONED, time.monotonic() + bound, reap_ended)
     word, _, detail = outcome.partition(" ")
     if word == RESTORED and detail.isdigit():
         say("restored", pid=int(detail), seconds=round(time.monotonic() - began, 3))
@@ -205,7 +227,9 @@ def serve_gate(port: int, health_url: str, serving: threading.Event) -> None:
         def log_message(self, *_: object) -> None:  # a probe a second is no log line
             pass
 
-    server = ThreadingHTTPServer(("", port), Gate)
+    # One thread answers every probe in turn: a thread per request would take a new PID of this namespace
+    # each time, and a restore needs the restored tree's PIDs free here.
+    server = HTTPServer(("", port), Gate)
     threading.Thread(target=server.serve_forever, name="gate", daemon=True).start()
 
 
@@ -216,6 +240,8 @@ def exit_code(status: int) -> int:
 
 def reap(engine: int) -> int:
     """Reap every child until the engine ends; its exit code."""
+    if engine in ended:  # a restored engine that died before its outcome was read
+        return exit_code(ended.pop(engine))
     while True:
         try:
             pid, status = os.wait()

@@ -441,8 +441,8 @@ def restore(
             criu, init, image, descriptors, pipes, root, sources, cgroup_of(init), "restore.log"
         )
         began = time.monotonic()
-        subprocess.run(plan.pid_counter_arguments(init, manifest["highestPid"]), check=True)
-        attempts = attempt_restore(argv, (*descriptors.values(), *pipes.values()))
+        counter = plan.pid_counter_arguments(init, manifest["highestPid"])
+        attempts = attempt_restore(counter, argv, (*descriptors.values(), *pipes.values()))
     finally:
         for descriptor in (*descriptors.values(), *pipes.values()):
             os.close(descriptor)
@@ -472,9 +472,12 @@ def log_pipe(init: int, fd: int) -> int:
     return descriptor
 
 
-def attempt_restore(argv: list[str], descriptors: tuple[int, ...]) -> int | None:
-    """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored."""
+def attempt_restore(counter: list[str], argv: list[str], descriptors: tuple[int, ...]) -> int | None:
+    """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored. The target's PID
+    counter is moved past the tree's PIDs before each (`counter`): whatever the target's PID 1 started or
+    reaped since the last attempt, CRIU and its helpers take none of them."""
     for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        subprocess.run(counter, check=True)
         if subprocess.run(argv, capture_output=True, pass_fds=descriptors).returncode == 0:
             return attempt
         time.sleep(0.5)
