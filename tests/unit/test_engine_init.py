@@ -7,6 +7,7 @@ restored engine does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,17 +72,28 @@ def test_without_a_claim_it_starts_its_command_and_exits_as_the_command_does(tmp
     assert not claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
-def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def claimed_in_a_namespace(directory: Path, script: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """engine_init as PID 1 of a PID namespace of its own, as in a container, running `script` if it starts
+    its command, its restore claimed; it and its host PID, killed at the end."""
     container = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc",
-         *command(tmp_path, 30, 30, "sh", "-c", "echo the command ran; exit 9")],
-        stdout=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
+        ["unshare", "--pid", "--fork", "--mount-proc", *command(directory, 30, 30, "sh", "-c", script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         wait_until(lambda: children(container.pid))
         (init,) = children(container.pid)  # PID 1 of the new namespace
-        assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+        assert claim(directory, engine_init.DECISION, engine_init.RESTORE)
+        yield container, init
+    finally:
+        container.kill()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
+def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_path: Path) -> None:
+    with claimed_in_a_namespace(tmp_path, "echo the command ran; exit 9") as (container, init):
         # As CRIU restores it: started in engine_init's PID namespace by a process that then exits, so the
         # engine is reparented to that namespace's init.
         engine = subprocess.run(
@@ -89,8 +102,6 @@ def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_
         ).stdout.strip()  # fmt: skip
         assert claim(tmp_path, engine_init.OUTCOME, f"{engine_init.RESTORED} {engine}")
         stdout, _ = container.communicate(timeout=30)
-    finally:
-        container.kill()
     assert container.returncode == 0  # sleep's
     found = events(stdout)
     assert [event["event"] for event in found] == ["restoring", "restored", "exited"]
@@ -102,15 +113,7 @@ def test_a_restored_engine_becomes_its_child_and_its_exit_is_the_containers(tmp_
 def test_what_a_failed_restore_attempt_leaves_is_reaped_while_it_waits(tmp_path: Path) -> None:
     """CRIU's tasks of a failed attempt are reparented to PID 1 when CRIU exits; as zombies they would keep
     their PIDs, which the agent's next attempt needs."""
-    container = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc",
-         *command(tmp_path, 30, 30, "sh", "-c", "exit 4")],
-        stdout=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
-    try:
-        wait_until(lambda: children(container.pid))
-        (init,) = children(container.pid)
-        assert claim(tmp_path, engine_init.DECISION, engine_init.RESTORE)
+    with claimed_in_a_namespace(tmp_path, "exit 4") as (container, init):
         # A task left behind: orphaned at once (its parent exits), then it exits itself.
         subprocess.run(
             ["nsenter", f"--target={init}", "--pid", "--", "sh", "-c", "(sleep 0.3; exit 0) &"], check=True
@@ -119,8 +122,6 @@ def test_what_a_failed_restore_attempt_leaves_is_reaped_while_it_waits(tmp_path:
         wait_until(lambda: not children(init), timeout=5)  # reaped, not a zombie
         assert claim(tmp_path, engine_init.OUTCOME, f"{engine_init.FAILED} criu restore failed")
         stdout, _ = container.communicate(timeout=30)
-    finally:
-        container.kill()
     assert container.returncode == 4
     assert [event["event"] for event in events(stdout)] == ["restoring", "starting", "exited"]
 

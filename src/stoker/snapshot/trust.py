@@ -13,6 +13,7 @@ are left out or defaulted here, so that the template and its pods sign alike.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import json
@@ -29,7 +30,7 @@ def _env(env: list[Mapping[str, Any]]) -> list[Any]:
     """The environment as both a template and its pods have it (a fieldRef's apiVersion defaults to v1)."""
     entries = []
     for entry in env:
-        value_from = json.loads(json.dumps(entry.get("valueFrom"))) if "valueFrom" in entry else None
+        value_from = copy.deepcopy(entry.get("valueFrom"))
         if value_from and "fieldRef" in value_from:
             value_from["fieldRef"].setdefault("apiVersion", "v1")
         entries.append([entry.get("name"), entry.get("value", ""), value_from])
