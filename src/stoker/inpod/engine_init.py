@@ -1,10 +1,11 @@
 """PID 1 of an engine container that a snapshot may be restored into (issue 40).
 
     python3 -m stoker.inpod.engine_init [--directory DIR] --restore-wait S --restore-bound B \
-        [--health-url URL --gate-port P [--offer-bound O]] -- COMMAND...
+        [--health-url URL --gate-port P [--offer-bound O] [--sleep]] -- COMMAND...
 
 It starts nothing for up to --restore-wait seconds: in that time the node's snapshot agent may claim the
-container and restore a snapshot's engine into it. Without a claim it starts COMMAND itself, in a session of
+container and restore a snapshot's engine into it (what a container before it left in DIR is removed
+first: a restarted container is a new start). Without a claim it starts COMMAND itself, in a session of
 its own (as a dump needs it). With one it waits up to --restore-bound seconds for the agent's outcome; a
 restored engine is then its child, and a failed restore, or none within the bound, starts COMMAND: a start
 is never lost, only delayed by the bound. Each decision is one `stoker-engine-init: {json}` line on stdout
@@ -20,7 +21,8 @@ both win:
   bound is over: an agent that finishes later finds it and ends what it restored).
 
 A snapshot is taken only from an engine that has served nobody yet (a replica's memory holds its prompts, and
-a client's connection cannot be restored into another pod): with --offer-bound, once the engine it started
+a client's connection cannot be restored into another pod), and only on a node whose agent answered the
+wait (without an agent nobody would take the offer): with --offer-bound, once the engine it started
 answers --health-url and one warm-up request of its own (a token of the first model, through the OpenAI API
 beside --health-url), it offers a dump and keeps the pod out of its Service for up to O seconds:
 
@@ -29,8 +31,16 @@ beside --health-url), it offers a dump and keeps the pod out of its Service for 
   the agent's, with its reason: the node has this snapshot already);
 - DIR/dumped: `dumped` or `failed REASON` (the agent's).
 
+With --sleep (an engine in vLLM's sleep mode, its control endpoints behind stoker.guard with the pod's
+control token in $STOKER_CONTROL_TOKEN) the engine is put to sleep at level 2 before the offer: its weights
+discarded and the rest of its device memory moved to host memory, so that the snapshot holds neither. After
+the offer's outcome, and after a restore, it is woken and its weights reloaded from the model (wake the
+weights' memory, `reload_weights`, wake the KV cache); a restored engine that does not wake is ended and
+the command started instead.
+
 GET /ready on --gate-port (the pod's readiness probe) answers 200 only once the offer is over (at once for a
-restored engine or without --offer-bound) and while --health-url answers 200; 503 otherwise.
+restored engine or without --offer-bound) and the engine is awake, and while --health-url answers 200; 503
+otherwise.
 
 Then it reaps every process that ends up its child and exits with the engine's exit status (128 + the
 signal for a signal); SIGTERM and SIGINT go to the engine's process group.
@@ -51,7 +61,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import NamedTuple
 
+from stoker.guard import CONTROL_TOKEN_ENV, CONTROL_TOKEN_HEADER
 from stoker.inpod import options_and_command, program_parser
 
 LINE_PREFIX = "stoker-engine-init: "
@@ -70,8 +82,19 @@ DUMPED = "dumped"
 OFFERED = "ready"
 DUMPING = "dumping"
 DECLINED = "declined"
+HANDSHAKE_FILES = (DECISION, OUTCOME, OFFER, DUMP, DUMPED)
 HEALTH_TIMEOUT_SECONDS = 2
 WARM_UP_TIMEOUT_SECONDS = 120
+# --sleep: level 2 discards the weights (the snapshot is then the size of the process's host memory), so a
+# wake reloads them from the model before the KV cache comes back, as `vllm snapshot` does.
+SLEEP = "/sleep?level=2"
+WAKE_STEPS: tuple[tuple[str, dict[str, str] | None], ...] = (
+    ("/wake_up?tags=weights", None),
+    ("/collective_rpc", {"method": "reload_weights"}),
+    ("/wake_up?tags=kv_cache", None),
+)
+# Reloading a large model's weights from a cold disk takes minutes; the pod stays out of traffic meanwhile.
+CONTROL_TIMEOUT_SECONDS = 900
 POLL_SECONDS = 0.2
 WRITE_GRACE_SECONDS = 2
 # prctl(PR_SET_CHILD_SUBREAPER): as PID 1 of its container it reaps orphans anyway; run anywhere else (a
@@ -146,8 +169,22 @@ def settled(
     return found or ""
 
 
-def restored_engine(directory: str, wait: float, bound: float) -> int | None:
-    """The PID of the engine the agent restored, or None: start the command."""
+def cleared(directory: str) -> None:
+    """DIR without the handshake files a container of the pod before this one left (the emptyDir outlives a
+    container's restart, and its `restored PID` names a process this one never had)."""
+    for name in HANDSHAKE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))
+
+
+class Decided(NamedTuple):
+    restored: int | None  # the PID of the engine the agent restored, or None: start the command
+    answered: bool  # whether the node's agent answered (claimed, or told to start): it may take an offer
+
+
+def restored_engine(directory: str, wait: float, bound: float) -> Decided:
+    """Whether the agent restored an engine into the container."""
+    say("waiting", seconds=wait)
     began = time.monotonic()
     decision = settled(directory, DECISION, START, began + wait, reap_ended)
     if decision != RESTORE:
@@ -156,16 +193,15 @@ def restored_engine(directory: str, wait: float, bound: float) -> int | None:
             create_once(os.path.join(directory, OUTCOME), ABANDONED)
             told = "a claim left empty"
         say("starting", reason=told[:1000] or f"no restore claimed within {wait:g} s")
-        return None
+        return Decided(None, answered=decision != START)
     say("restoring", claimedAfterSeconds=round(time.monotonic() - began, 3))
     outcome = settled(directory, OUTCOME, ABANDONED, time.monotonic() + bound, reap_ended)
     word, _, detail = outcome.partition(" ")
     if word == RESTORED and detail.isdigit():
-        say("restored", pid=int(detail), seconds=round(time.monotonic() - began, 3))
-        return int(detail)
+        return Decided(int(detail), answered=True)
     reason = f"no outcome within {bound:g} s" if word == ABANDONED else detail or outcome or "no outcome"
     say("starting", reason=f"restore failed: {reason}"[:1000])
-    return None
+    return Decided(None, answered=True)
 
 
 def healthy(url: str) -> bool:
@@ -197,21 +233,80 @@ def warm_up(health_url: str) -> str:
     return f"one completion in {time.monotonic() - began:.2f} s"
 
 
-def offer_dump(directory: str, health_url: str, bound: float, serving: threading.Event) -> None:
+def control(health_url: str, path: str, body: dict[str, str] | None = None) -> None:
+    """POST one of the engine's control endpoints, behind stoker.guard, with the pod's control token."""
+    request = urllib.request.Request(
+        urllib.parse.urljoin(health_url, path),
+        data=json.dumps(body).encode() if body is not None else b"",
+        headers={
+            "Content-Type": "application/json",
+            CONTROL_TOKEN_HEADER: os.environ.get(CONTROL_TOKEN_ENV, ""),
+        },
+    )
+    with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_SECONDS):
+        pass
+
+
+def woken(health_url: str) -> str | None:
+    """Wake an engine asleep at level 2 and reload its weights: None, or why it did not wake."""
+    began = time.monotonic()
+    steps = {}
+    for path, body in WAKE_STEPS:
+        step = time.monotonic()
+        try:
+            control(health_url, path, body)
+        except OSError as failed:
+            return f"{path}: {failed}"[:1000]
+        steps[body["method"] if body else path] = round(time.monotonic() - step, 3)
+    say("woken", seconds=round(time.monotonic() - began, 3), steps=steps)
+    return None
+
+
+def offer_dump(
+    directory: str, health_url: str, bound: float, asleep: bool, engine: int, serving: threading.Event
+) -> None:
     """Once the engine serves and has answered a warm-up request, offer it for a dump for up to `bound`
-    seconds, then let traffic in."""
+    seconds (`asleep`: put to sleep first, woken after), then let traffic in."""
     while not healthy(health_url):
         time.sleep(POLL_SECONDS)
     warmed = warm_up(health_url)
+    if asleep:
+        try:
+            control(health_url, SLEEP)
+        except OSError as failed:  # an engine that cannot sleep is not offered: it serves as it is
+            say("serving", dump=f"not offered: {SLEEP}: {failed}"[:1000])
+            serving.set()
+            return
     create_once(os.path.join(directory, OFFER), OFFERED)
-    say("offering", boundSeconds=bound, warmUp=warmed)
+    say("offering", boundSeconds=bound, warmUp=warmed, asleep=asleep)
     deadline = time.monotonic() + bound
     outcome = settled(directory, DUMP, DECLINED, deadline)  # `declined`, and the agent's reason if its
     if outcome == DUMPING:
         while (outcome := read_once(directory, DUMPED) or "") == "" and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
+    if asleep and (not_woken := woken(health_url)) is not None:
+        # Without its weights it cannot serve: ended, and the container (exiting as the engine did) restarts.
+        say("failed", reason=f"the engine did not wake after the offer: {not_woken}")
+        end(engine)
+        return
     say("serving", dump=(outcome or f"no outcome within {bound:g} s")[:1000])
     serving.set()
+
+
+def awake(health_url: str, bound: float) -> str | None:
+    """A restored engine asleep, woken once it answers: None, or why not within `bound` seconds."""
+    deadline = time.monotonic() + bound
+    while not healthy(health_url):
+        if time.monotonic() > deadline:
+            return f"no {health_url} within {bound:g} s"
+        time.sleep(POLL_SECONDS)
+    return woken(health_url)
+
+
+def end(engine: int) -> None:
+    """Kill the engine's process group; reap() collects what is left of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(engine), signal.SIGKILL)
 
 
 def serve_gate(port: int, health_url: str, serving: threading.Event) -> None:
@@ -274,14 +369,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="seconds a started engine is offered for a dump (default 0)",
     )
+    parser.add_argument(
+        "--sleep",
+        action="store_true",
+        help="the engine sleeps at level 2 while offered, and wakes after the offer and after a restore",
+    )
     own, command = options_and_command(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
     if not command:
         parser.error("no COMMAND after --")
     if args.restore_wait < 0 or args.restore_bound <= 0 or args.offer_bound < 0:
         parser.error("--restore-wait and --offer-bound must be 0 or more, --restore-bound more than 0")
-    if (args.gate_port is not None or args.offer_bound > 0) and not args.health_url:
-        parser.error("--gate-port and --offer-bound need --health-url")
+    if (args.gate_port is not None or args.offer_bound > 0 or args.sleep) and not args.health_url:
+        parser.error("--gate-port, --offer-bound and --sleep need --health-url")
     if not os.path.isdir(args.directory):
         parser.error(f"--directory {args.directory} is not a directory")
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -298,11 +398,22 @@ def main(argv: list[str] | None = None) -> int:
     serving = threading.Event()
     if args.gate_port is not None:
         serve_gate(args.gate_port, args.health_url, serving)
-    restored = restored_engine(args.directory, args.restore_wait, args.restore_bound)
-    if restored is not None:
-        engine = restored
-        serving.set()  # offered once already, as the source
-    else:
+    began = time.monotonic()
+    cleared(args.directory)
+    decided = restored_engine(args.directory, args.restore_wait, args.restore_bound)
+    engine = decided.restored
+    if engine is not None:
+        engines.append(engine)
+        asleep = awake(args.health_url, args.restore_bound) if args.sleep else None
+        if asleep is None:
+            say("restored", pid=engine, seconds=round(time.monotonic() - began, 3))
+            serving.set()  # offered once already, as the source
+        else:
+            say("starting", reason=f"the restored engine did not wake: {asleep}"[:1000])
+            end(engine)
+            engines.clear()
+            engine = None
+    if engine is None:
         try:
             # Held to the end: a Popen collected once its child has exited would reap it before reap() can.
             started = subprocess.Popen(command, start_new_session=True)
@@ -310,12 +421,12 @@ def main(argv: list[str] | None = None) -> int:
             say("failed", reason=f"{command[0]}: {failed.strerror}")
             return 127
         engine = started.pid
-        if args.offer_bound > 0:
-            offer = (args.directory, args.health_url, args.offer_bound, serving)
+        engines.append(engine)
+        if args.offer_bound > 0 and decided.answered:
+            offer = (args.directory, args.health_url, args.offer_bound, args.sleep, engine, serving)
             threading.Thread(target=offer_dump, args=offer, name="offer", daemon=True).start()
         else:
             serving.set()
-    engines.append(engine)
     code = reap(engine)
     say("exited", code=code)
     return code
