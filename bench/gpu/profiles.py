@@ -229,7 +229,7 @@ def _with_compilation(args: list[str], overrides: dict[str, Any]) -> list[str]:
     return [*kept, COMPILATION_CONFIG_FLAG, json.dumps(merged, separators=(",", ":"))]
 
 
-def _patched(svc: VLLMService, patch: dict[str, Any]) -> VLLMService:
+def patched_spec(svc: VLLMService, patch: dict[str, Any]) -> VLLMService:
     """`svc` with `patch` merged into its spec (None removes a key, as in a JSON merge patch)."""
 
     def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +248,7 @@ def _patched(svc: VLLMService, patch: dict[str, Any]) -> VLLMService:
 
 
 def _rendered(svc: VLLMService, role: Role, variant: Variant) -> Invocation:
-    svc = _patched(svc, variant.spec)
+    svc = patched_spec(svc, variant.spec)
     if role != "serve":
         rendered = engine_invocation(svc, role)
     else:
@@ -278,7 +278,7 @@ def seed_engine_invocation(svc: VLLMService) -> Invocation:
 
 def patched_service(svc: VLLMService, profile: str) -> VLLMService:
     """`svc` with `profile`'s spec changes (its cache key, so its import-pages listing, may differ)."""
-    return _patched(svc, VARIANTS[profile].spec)
+    return patched_spec(svc, VARIANTS[profile].spec)
 
 
 def seed_key(svc: VLLMService, profile: str) -> str:

@@ -2,14 +2,19 @@
 snapshotted once (the driver's checkpoint API moves its device memory into its host memory, then CRIU dumps
 the process tree), and later starts restore it, against stock vLLM and stoker's own start on a cold node.
 
-Once: the seed Job's invocation (the compile cache), then the snapshot's source: the rendered serving
-invocation on the seeded cache with its engine spawned, under bench/snapshot/no_io_uring.c (CRIU cannot dump
-io_uring; a pod's default seccomp profile denies it the same way), serving one completion and the decode
-probe; then every process of its tree that holds a CUDA context is locked and checkpointed, and the tree
-dumped (bench/snapshot/criu_tree.py). Two kinds (--snapshot-kind): `full`, the replica as it serves (weights
-and KV cache in the image), and `minimized`, the source in sleep mode put to sleep at level 2 before its
-checkpoint (weights discarded, the rest offloaded), woken and its weights reloaded after each restore, as
-`vllm snapshot` does. Per repetition, in this order:
+Once: the seed Job's invocation (the compile cache), then the snapshot's source: what the operator renders
+for a serving pod made for snapshots (render.snapshot), on the seeded cache: stoker.inpod.engine_init around
+the serving invocation (its engine spawned, under bench/snapshot/no_io_uring.c: CRIU cannot dump io_uring; a
+pod's default seccomp profile denies it the same way). This driver plays the node agent's part through
+engine_init's handshake files, with the agent's CUDA steps (stoker.snapshot.cuda): it answers engine_init's
+wait (no snapshot yet), takes the offer of the warmed engine, checkpoints the engine's CUDA processes, dumps
+the engine's tree (bench/snapshot/criu_tree.py, left running), puts the processes back on the GPU and tells
+engine_init the dump's outcome; the source then serves one completion and the decode probe. Two kinds
+(--snapshot-kind): `full`, the replica as it serves (weights and KV cache in the image), and `minimized`,
+the service in sleep mode (`--enable-sleep-mode` in its extraArgs), which engine_init puts to sleep at level
+2 before the offer (weights discarded, the rest offloaded) through stoker.guard with the pod's control token,
+and wakes (weights reloaded) after the dump and, by the same code, after each restore, as `vllm snapshot`
+does. Per repetition, in this order:
 - `restore`: `criu restore` of the snapshot read from a dropped page cache (a node that keeps the snapshot
   on its disk), then the driver's restore and unlock of each CUDA process;
 - `restore-warm`: the same with the snapshot's files in the page cache (a node that keeps it in memory); for
@@ -34,12 +39,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.snapshot import cuda_checkpoint
 from bench.snapshot.criu_tree import SHM, dump, put_back, restore, stop_group
 from harness import (
     CONTAINER_LOCAL,
@@ -51,15 +55,29 @@ from harness import (
     gpu_memory_used_mib,
     host_env,
     prepare,
+    sh,
     start_and_measure,
     tree_bytes,
     wait_ready,
     warm_node,
 )
-from profiles import DEFAULT_PROFILE, SPAWN, Invocation, seed_invocation, serve_invocation, stock_invocation
+from profiles import (
+    DEFAULT_PROFILE,
+    Invocation,
+    patched_spec,
+    seed_invocation,
+    serve_invocation,
+    stock_invocation,
+)
 
 from stoker.api import VLLMService
-from stoker.snapshot.agent import tree
+from stoker.guard import CONTROL_TOKEN_ENV
+from stoker.inpod import engine_init
+from stoker.render.children import render_children
+from stoker.render.pods import ENGINE_CONTAINER
+from stoker.render.snapshot import Snapshots
+from stoker.snapshot import cuda
+from stoker.snapshot.agent import children, tree
 
 IMAGE = HOME / "snapshot-image"
 SOURCE_LOG = HOME / "snapshot-source.log"
@@ -74,17 +92,18 @@ ESTIMATE_S = {"stock": 110.0, "restore": 40.0, "restore-warm": 30.0, DEFAULT_PRO
 # Starts that must fit in every later repetition before the last profile (stoker's own start) runs; the
 # restores first, so that a snapshot that cannot be restored ends the run before stock's minute and a half.
 REQUIRED = ("restore", "restore-warm", "stock")
-# The source of each kind of snapshot (a profile of profiles.py, spawned as `SPAWN` says).
-SOURCE_PROFILE = {"full": "stoker-spawn", "minimized": "stoker-sleep"}
-# A minimized snapshot's source sleeps at level 2 before its checkpoint (weights discarded, the rest of the
-# device memory offloaded), as `vllm snapshot` does; after a restore these wake it and reload the weights
-# from the model (its own load format), before the first completion.
-SLEEP = "/sleep?level=2"
-WAKE = (
-    ("/wake_up?tags=weights", None),
-    ("/collective_rpc", {"method": "reload_weights"}),
-    ("/wake_up?tags=kv_cache", None),
+# What each kind of snapshot changes in the service's spec: a minimized one's engine runs in sleep mode.
+SOURCE_SPEC: dict[str, dict[str, Any]] = {"full": {}, "minimized": {"extraArgs": ["--enable-sleep-mode"]}}
+# The operator's settings as the source is rendered with them (the restore wait is this driver's to answer).
+SNAPSHOTS = Snapshots(
+    "benchmark-control-key-0123456789",
+    restore_wait_seconds=60,
+    restore_bound_seconds=120,
+    offer_bound_seconds=900,
 )
+CONTROL_TOKEN = "benchmark-pod-control-token"
+# The rendered pod's environment that the invocation lacks (loopback, a spawned engine, dev mode).
+RENDERED_ENV = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_SERVER_DEV_MODE")
 
 
 def emit(out: Path, record: dict[str, Any]) -> None:
@@ -127,7 +146,7 @@ def source_process(inv: Invocation) -> subprocess.Popen[str]:
     env = {**host_env(), **inv.env}
     with SOURCE_LOG.open("w") as log:
         return subprocess.Popen(
-            [os.environ["NO_IO_URING"], *inv.argv],
+            inv.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -138,42 +157,78 @@ def source_process(inv: Invocation) -> subprocess.Popen[str]:
         )
 
 
+def gpus_in_use() -> list[str]:
+    """The UUIDs of the GPUs that processes hold contexts on."""
+    return sorted(set(sh("nvidia-smi", "--query-compute-apps=gpu_uuid", "--format=csv,noheader").split()))
+
+
+def said(event: str) -> bool:
+    """Whether the source's engine_init has said `event` in its log."""
+    return any(
+        line.startswith(engine_init.LINE_PREFIX)
+        and json.loads(line.removeprefix(engine_init.LINE_PREFIX))["event"] == event
+        for line in SOURCE_LOG.read_text(errors="replace").splitlines()
+    )
+
+
+def until(check: Any, source: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 900
+    while not check():
+        if source.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the snapshot's source never {what}: {SOURCE_LOG.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def tell(name: str, text: str) -> None:
+    if not engine_init.create_once(str(Path(engine_init.HANDSHAKE_DIRECTORY) / name), text):
+        raise RuntimeError(f"engine_init's {name} is taken")
+
+
 def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
-    """Start the source on the seeded cache, serve, (minimized) sleep, checkpoint its CUDA processes, dump
-    the tree."""
+    """Start the source on the seeded cache under engine_init, answer as the node agent, take its offer:
+    checkpoint its CUDA processes, dump its tree, put them back; then it serves."""
     prepare(inv.cache_mount_path, restore_seed=True)
     shm_before = set(os.listdir(SHM))
+    Path(engine_init.HANDSHAKE_DIRECTORY).mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     source = source_process(inv)
+    taken: dict[str, Any] = {"kind": kind}
     base = f"http://127.0.0.1:{inv.port}"
-    ready = wait_ready(source, base, began)
-    if ready is None:
-        stop_group(source.pid)
-        raise RuntimeError(f"the snapshot's source never served: {SOURCE_LOG.read_text()[-3000:]}")
-    taken: dict[str, Any] = {"kind": kind, "source": SOURCE_PROFILE[kind], "readySeconds": round(ready, 3)}
     try:
+        until(lambda: said("waiting"), source, "waited")
+        tell(engine_init.DECISION, f"{engine_init.START} no snapshot yet (the benchmark's agent)")
+        until(lambda: (Path(engine_init.HANDSHAKE_DIRECTORY) / engine_init.OFFER).exists(), source, "offered")
+        taken["offeredSeconds"] = round(time.monotonic() - began, 3)
+        taken["gpuMemoryUsedMiBOffered"] = gpu_memory_used_mib()  # asleep, for a minimized one
+        tell(engine_init.DUMP, engine_init.DUMPING)
+        taken["sourceGpus"] = gpus_in_use()
+        (engine,) = children(source.pid)
+        pids = tree(engine)
+        checkpointed = cuda.holding(pids)
+        checkpointing = time.monotonic()
+        cuda.checkpoint(checkpointed)
+        taken["cudaCheckpointSeconds"] = round(time.monotonic() - checkpointing, 3)
+        taken["gpuMemoryUsedMiBCheckpointed"] = gpu_memory_used_mib()
+        taken.update(cudaProcesses=len(checkpointed), processes=len(pids))
+        try:
+            taken.update(
+                dump(engine, IMAGE, shm_before, SOURCE_LOG, CONTAINER_LOCAL, CRIU_OPTIONS, leave_running=True)
+            )
+        finally:
+            resuming = time.monotonic()
+            cuda.resume(checkpointed)
+            taken["cudaResumeSeconds"] = round(time.monotonic() - resuming, 3)
+        tell(engine_init.DUMPED, engine_init.DUMPED)
+        until(lambda: said("serving"), source, "served after its dump")  # woken first, if asleep
+        taken["servingSeconds"] = round(time.monotonic() - began, 3)
         taken["firstCompletion"] = first_completion(base, inv.served_model_name)
         taken["decode"] = decode_rate(base, inv.served_model_name)
         taken["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
-        if kind == "minimized":
-            sleeping = time.monotonic()
-            post(base, SLEEP)
-            taken["sleepSeconds"] = round(time.monotonic() - sleeping, 3)
-            taken["gpuMemoryUsedMiBAsleep"] = gpu_memory_used_mib()
-        cuda_pids = [pid for pid in tree(source.pid) if cuda_checkpoint.state(pid) == "running"]
-        checkpointing = time.monotonic()
-        for pid in cuda_pids:
-            cuda_checkpoint.lock(pid)
-        for pid in cuda_pids:
-            cuda_checkpoint.checkpoint(pid)
-        taken["cudaCheckpointSeconds"] = round(time.monotonic() - checkpointing, 3)
-        taken["gpuMemoryUsedMiBCheckpointed"] = gpu_memory_used_mib()
-        taken.update(cudaPids=cuda_pids, processes=len(tree(source.pid)))
-        taken.update(dump(source.pid, IMAGE, shm_before, SOURCE_LOG, CONTAINER_LOCAL, CRIU_OPTIONS))
-    except Exception:
+    finally:
+        for pid in children(source.pid):
+            stop_group(os.getpgid(pid))
         stop_group(source.pid)
-        raise
-    source.wait()
+        source.wait()
     assert inv.cache_mount_path, "stoker's serving invocation has a cache volume"
     shutil.rmtree(SOURCE_CACHE, ignore_errors=True)
     shutil.copytree(inv.cache_mount_path, SOURCE_CACHE, symlinks=True)
@@ -181,21 +236,26 @@ def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
     return taken
 
 
-def post(base: str, path: str, body: dict[str, Any] | None = None) -> None:
-    data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(
-        f"{base}{path}", method="POST", data=data, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=300):
-        pass
-
-
 def source_invocation(svc: VLLMService, kind: str) -> Invocation:
-    """The snapshot's source. It spawns its engine: a forked engine inherits the API server's CUDA device
-    files, which the driver's checkpoint of either process leaves open and CRIU cannot dump (`vllm snapshot`
-    spawns too)."""
-    inv = serve_invocation(svc, SOURCE_PROFILE[kind])
-    return dataclasses.replace(inv, env={**inv.env, **SPAWN})
+    """The snapshot's source as the operator renders its pod: engine_init's options, the guard and the
+    environment from the rendered pod (render.snapshot), around the serving invocation of the source's spec
+    under the io_uring wrapper; the pod's control token from its Secret is this driver's."""
+    source = patched_spec(svc, {"runtime": SOURCE_SPEC[kind]})
+    inv = serve_invocation(source, DEFAULT_PROFILE)
+    rendered = {
+        child["kind"]: child
+        for child in render_children(source, snapshots=SNAPSHOTS, control_token=CONTROL_TOKEN)
+    }
+    pod = rendered["Deployment"]["spec"]["template"]["spec"]
+    engine = next(c for c in pod["containers"] if c["name"] == ENGINE_CONTAINER)
+    command = engine["command"]
+    wrapper = command[1 : command.index("--") + 1]  # "python3" is the bundle's interpreter here
+    guard = command[-2:] if "--sleep" in wrapper else []
+    env = {e["name"]: e["value"] for e in engine["env"] if e["name"] in RENDERED_ENV}
+    if "--sleep" in wrapper:
+        env[CONTROL_TOKEN_ENV] = CONTROL_TOKEN
+    argv = [sys.executable, *wrapper, os.environ["NO_IO_URING"], *inv.argv, *guard]
+    return dataclasses.replace(inv, argv=argv, env={**inv.env, **env})
 
 
 def restored(
@@ -222,22 +282,24 @@ def restored(
     record.update(criuRestoreSeconds=round(time.monotonic() - began, 3), restoreAttempts=attempts)
     try:
         cuda_began = time.monotonic()
-        for pid in taken["cudaPids"]:
-            cuda_checkpoint.restore(pid)
-        for pid in taken["cudaPids"]:
-            cuda_checkpoint.unlock(pid)
+        # As the agent does after a restore. The cold-disk one moves the engine onto another GPU of the host
+        # where it has one (the source's paired to itself on a host of one GPU), as the agent does for a pod
+        # given another GPU than the source's (stoker.snapshot.cuda.RestoreArgs).
+        source = taken["sourceGpus"]
+        others = sorted(set(taken["gpus"].values()) - set(source))
+        moved = name == "restore" and len(source) == 1
+        remap = [(source[0], others[0] if others else source[0])] if moved else []
+        cuda.resume(cuda.holding(tree(root), "checkpointed"), remap)
+        record["gpuPairs"] = remap
+        record["gpusInUse"] = gpus_in_use()
         record["cudaRestoreSeconds"] = round(time.monotonic() - cuda_began, 3)
         ready = wait_ready(None, base, began)
         if ready is None:
             raise RuntimeError("no /health after the restore")
         record["readySeconds"] = round(ready, 3)
         if taken["kind"] == "minimized":
-            waking = time.monotonic()
-            steps = record["wakeSteps"] = {}
-            for path, body in WAKE:
-                step = time.monotonic()
-                post(base, path, body)
-                steps[body["method"] if body else path] = round(time.monotonic() - step, 3)
+            waking = time.monotonic()  # as the restored pod's engine_init does
+            record["wakeSteps"] = engine_init.woken(f"{base}/health", CONTROL_TOKEN)
             record["wakeSeconds"] = round(time.monotonic() - waking, 3)
         record["firstCompletion"] = first_completion(base, inv.served_model_name)
         record["servedSeconds"] = round(time.monotonic() - began, 3)
@@ -264,6 +326,7 @@ def snapshot_restore(
     shutil.copytree(seed_inv.cache_mount_path, SEED_SNAPSHOT, symlinks=True)
     source = source_invocation(svc, kind)
     taken = take_snapshot(source, kind)
+    taken["gpus"] = cuda.node_gpus()  # what the agent records of a container's GPUs, for the host's
     (out / "snapshot.json").write_text(json.dumps(taken, indent=1) + "\n")
     shutil.copy2(IMAGE / "dump.log", out / "logs" / "criu-dump.log")
     shutil.copy2(SOURCE_LOG, out / "logs" / "snapshot-source.log")

@@ -72,19 +72,21 @@ def dump(
     log: Path,
     kept: Sequence[Path] = (),
     options: Sequence[str] = (),
+    leave_running: bool = False,
 ) -> dict[str, object]:
-    """Dump the tree under `root` into `image` (the tree is gone after it), then keep beside the image the
-    /dev/shm files made since `shm_before`, `log` as it is, and the directories `kept`. Raises with CRIU's
-    log if the dump fails (the tree then runs on)."""
+    """Dump the tree under `root` into `image` (the tree is gone after it, unless `leave_running`), then keep
+    beside the image the /dev/shm files made since `shm_before`, `log` as it is, and the directories `kept`.
+    Raises with CRIU's log if the dump fails (the tree then runs on)."""
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
     began = time.monotonic()
     argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), *CRIU_FILE_OPTIONS]
-    done = subprocess.run([*argv, *options, "-o", "dump.log"], capture_output=True, text=True)
+    running = ["--leave-running"] if leave_running else []
+    done = subprocess.run([*argv, *running, *options, "-o", "dump.log"], capture_output=True, text=True)
     seconds = time.monotonic() - began
     if done.returncode != 0:
         raise RuntimeError(f"criu dump failed: {(image / 'dump.log').read_text()[-3000:]}")
-    while group_alive(root):
+    while not leave_running and group_alive(root):
         time.sleep(0.05)
     (image / "shm").mkdir()
     for name in set(os.listdir(SHM)) - shm_before:

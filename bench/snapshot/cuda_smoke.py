@@ -1,7 +1,8 @@
 """Does a CUDA process survive CRIU on this host? A PyTorch process holding GPU_GIB of known data on the GPU
-is locked and checkpointed by the driver (cuda_checkpoint), dumped by CRIU (the process is gone), restored
-by CRIU, given its GPU back, and asked to sum its data again: the sum must equal the one it printed before.
-Prints one JSON line with each step's seconds. Run it before the GPU snapshot benchmark spends a lease.
+is locked and checkpointed by the driver (stoker.snapshot.cuda), dumped by CRIU (the process is gone),
+restored by CRIU, given its GPU back, and asked to sum its data again: the sum must equal the one it printed
+before. Prints one JSON line with each step's seconds. Run it before the GPU snapshot benchmark spends
+a lease.
 
 usage (repository root, root, CUDA host): CRIU=... python3 -m bench.snapshot.cuda_smoke WORK_DIR [GPU_GIB]
 """
@@ -15,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.snapshot import cuda_checkpoint
 from bench.snapshot.criu_tree import SHM, criu_binary, dump, put_back, restore, stop_group
+
+from stoker.snapshot import cuda
 
 # Sums its tensor once at start and again each time `go` appears, then waits for the next.
 HOLDER = """
@@ -62,10 +64,9 @@ def main() -> None:
         )
     try:
         before = wait_sums(log, 1)[0]
-        report["state"] = cuda_checkpoint.state(holder.pid)
+        report["state"] = cuda.state(holder.pid)
         began = time.monotonic()
-        cuda_checkpoint.lock(holder.pid)
-        cuda_checkpoint.checkpoint(holder.pid)
+        cuda.checkpoint([holder.pid])
         report["cudaCheckpointSeconds"] = round(time.monotonic() - began, 3)
         report.update(dump(holder.pid, image, shm_before, log))
     except Exception:
@@ -78,8 +79,7 @@ def main() -> None:
     report["restoreSeconds"] = round(time.monotonic() - began, 3)
     try:
         began = time.monotonic()
-        cuda_checkpoint.restore(restored)
-        cuda_checkpoint.unlock(restored)
+        cuda.resume([restored])
         report["cudaRestoreSeconds"] = round(time.monotonic() - began, 3)
         go.touch()
         after = wait_sums(log, 2)[1]

@@ -13,8 +13,10 @@ from pydantic import ValidationError
 
 from stoker.api.owned import CACHE_KEY_LABEL, INSTANCE_LABEL, SNAPSHOT_LABEL
 from stoker.controller.settings import OperatorSettings
+from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.inpod import engine_init
 from stoker.render.children import render_children
+from stoker.render.engine import CONTROL_GUARD
 from stoker.render.pods import ENGINE_CONTAINER
 from stoker.render.snapshot import GATE_PORT, Snapshots
 from stoker.snapshot import agent, plan, trust
@@ -94,6 +96,33 @@ def test_nothing_changes_when_the_admin_has_not_turned_it_on() -> None:
 )
 def test_services_a_snapshot_cannot_cover_are_left_as_they_are(changes: dict[str, Any]) -> None:
     assert deployment(**changes) == deployment(None, **changes)
+
+
+def test_an_engine_in_sleep_mode_is_snapshotted_asleep_behind_the_guard_with_its_control_token() -> None:
+    sleeping = {"runtime.extraArgs": ["--enable-sleep-mode"]}
+    children = by_kind(render_children(service(**sleeping), snapshots=SNAPSHOTS, control_token="t" * 32))
+    template = children["Deployment"]["spec"]["template"]
+    engine = engine_container(template)
+    command = engine["command"]
+    separator = command.index("--")
+    assert "--sleep" in command[:separator]
+    # The dev endpoints sleep mode needs, behind the guard, which only the pod's control token passes.
+    assert command[-2:] == ["--middleware", CONTROL_GUARD] and "--enable-sleep-mode" in command[separator:]
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["VLLM_SERVER_DEV_MODE"]["value"] == "1"
+    secret = children["Secret"]
+    assert env[CONTROL_TOKEN_ENV]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    assert signed(as_pod(template))
+    # The seed runs in sleep mode too (part of the compile-cache key), without the guard or a token.
+    seed = engine_container(children["Job"]["spec"]["template"])
+    seed_text = json.dumps(seed)
+    assert "--enable-sleep-mode" in seed_text and CONTROL_GUARD not in seed_text
+    assert CONTROL_TOKEN_ENV not in seed_text
+    # Without sleep mode, or with snapshots off, no Secret and no dev mode.
+    assert "Secret" not in by_kind(render_children(service(), snapshots=SNAPSHOTS, control_token="t" * 32))
+    assert "Secret" not in by_kind(render_children(service(**sleeping), control_token="t" * 32))
+    plain = engine_container(deployment()["spec"]["template"])
+    assert "--sleep" not in plain["command"] and "VLLM_SERVER_DEV_MODE" not in json.dumps(plain["env"])
 
 
 def test_the_seed_is_never_made_for_snapshots() -> None:

@@ -117,7 +117,7 @@ class Snapshot:
     seed_pods: list[Manifest]  # pods of its seed Jobs
     claim_events: dict[str, list[Manifest]]  # Pending claims' events, by claim uid
     job_events: list[Manifest]  # the running seed Job's events, when it has no pods
-    control_token: str | None  # standby only
+    control_token: str | None  # a standby service, or one snapshotted asleep (render.snapshot)
     signing_key: str | None  # the operator's key, which signs what it seeded
     field_manager: str
     programs_image: str  # the image the pods copy stoker's programs from

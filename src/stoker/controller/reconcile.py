@@ -35,7 +35,7 @@ from stoker.controller.standby import StandbyPool
 from stoker.controller.startups import StartupRecorder
 from stoker.controller.workqueue import GONE, Gone, ObjectKey
 from stoker.render import deployment_name, short_cache_key
-from stoker.render.snapshot import Snapshots
+from stoker.render.snapshot import Snapshots, snapshotted_asleep
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ class Reconciler:
         except ValidationError as error:
             # Reported in status and as an Event; a retry changes nothing until the spec does.
             return self._settle(body, blocked_status(body, "InvalidSpec", user_message(error), now_rfc3339()))
-        token = self.standby.control_token(body) if svc.spec.cold_start.standby else None
+        guarded = svc.spec.cold_start.standby or snapshotted_asleep(svc, self.observer.snapshots)
+        token = self.standby.control_token(body) if guarded else None
         # Decided from what the operator knows, not from what a tenant wrote in status; the status written
         # at the end is compared with `body` as read, so a forged field is written over.
         meta = body["metadata"]

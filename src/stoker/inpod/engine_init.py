@@ -233,46 +233,49 @@ def warm_up(health_url: str) -> str:
     return f"one completion in {time.monotonic() - began:.2f} s"
 
 
-def control(health_url: str, path: str, body: dict[str, str] | None = None) -> None:
+def control(health_url: str, token: str, path: str, body: dict[str, str] | None = None) -> None:
     """POST one of the engine's control endpoints, behind stoker.guard, with the pod's control token."""
     request = urllib.request.Request(
         urllib.parse.urljoin(health_url, path),
         data=json.dumps(body).encode() if body is not None else b"",
-        headers={
-            "Content-Type": "application/json",
-            CONTROL_TOKEN_HEADER: os.environ.get(CONTROL_TOKEN_ENV, ""),
-        },
+        headers={"Content-Type": "application/json", CONTROL_TOKEN_HEADER: token},
     )
     with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_SECONDS):
         pass
 
 
-def woken(health_url: str) -> str | None:
-    """Wake an engine asleep at level 2 and reload its weights: None, or why it did not wake."""
+class NotWoken(RuntimeError):
+    pass
+
+
+def woken(health_url: str, token: str) -> dict[str, float]:
+    """Wake an engine asleep at level 2 and reload its weights; the seconds each step took. Raises NotWoken
+    with the step that failed."""
     began = time.monotonic()
     steps = {}
     for path, body in WAKE_STEPS:
         step = time.monotonic()
         try:
-            control(health_url, path, body)
+            control(health_url, token, path, body)
         except OSError as failed:
-            return f"{path}: {failed}"[:1000]
+            raise NotWoken(f"{path}: {failed}"[:1000]) from failed
         steps[body["method"] if body else path] = round(time.monotonic() - step, 3)
     say("woken", seconds=round(time.monotonic() - began, 3), steps=steps)
-    return None
+    return steps
 
 
 def offer_dump(
-    directory: str, health_url: str, bound: float, asleep: bool, engine: int, serving: threading.Event
+    directory: str, health_url: str, bound: float, token: str | None, engine: int, serving: threading.Event
 ) -> None:
     """Once the engine serves and has answered a warm-up request, offer it for a dump for up to `bound`
-    seconds (`asleep`: put to sleep first, woken after), then let traffic in."""
+    seconds (with the control `token`: put to sleep first, woken after), then let traffic in."""
     while not healthy(health_url):
         time.sleep(POLL_SECONDS)
     warmed = warm_up(health_url)
+    asleep = token is not None
     if asleep:
         try:
-            control(health_url, SLEEP)
+            control(health_url, token or "", SLEEP)
         except OSError as failed:  # an engine that cannot sleep is not offered: it serves as it is
             say("serving", dump=f"not offered: {SLEEP}: {failed}"[:1000])
             serving.set()
@@ -284,23 +287,31 @@ def offer_dump(
     if outcome == DUMPING:
         while (outcome := read_once(directory, DUMPED) or "") == "" and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
-    if asleep and (not_woken := woken(health_url)) is not None:
-        # Without its weights it cannot serve: ended, and the container (exiting as the engine did) restarts.
-        say("failed", reason=f"the engine did not wake after the offer: {not_woken}")
-        end(engine)
-        return
+    if token is not None:
+        try:
+            woken(health_url, token)
+        except NotWoken as failed:
+            # Without its weights it cannot serve: ended, and the container (exiting as the engine did)
+            # restarts.
+            say("failed", reason=f"the engine did not wake after the offer: {failed}")
+            end(engine)
+            return
     say("serving", dump=(outcome or f"no outcome within {bound:g} s")[:1000])
     serving.set()
 
 
-def awake(health_url: str, bound: float) -> str | None:
+def awake(health_url: str, token: str, bound: float) -> str | None:
     """A restored engine asleep, woken once it answers: None, or why not within `bound` seconds."""
     deadline = time.monotonic() + bound
     while not healthy(health_url):
         if time.monotonic() > deadline:
             return f"no {health_url} within {bound:g} s"
         time.sleep(POLL_SECONDS)
-    return woken(health_url)
+    try:
+        woken(health_url, token)
+    except NotWoken as failed:
+        return str(failed)
+    return None
 
 
 def end(engine: int) -> None:
@@ -398,13 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     serving = threading.Event()
     if args.gate_port is not None:
         serve_gate(args.gate_port, args.health_url, serving)
+    token = os.environ.get(CONTROL_TOKEN_ENV, "") if args.sleep else None
     began = time.monotonic()
     cleared(args.directory)
     decided = restored_engine(args.directory, args.restore_wait, args.restore_bound)
     engine = decided.restored
     if engine is not None:
         engines.append(engine)
-        asleep = awake(args.health_url, args.restore_bound) if args.sleep else None
+        asleep = awake(args.health_url, token, args.restore_bound) if token is not None else None
         if asleep is None:
             say("restored", pid=engine, seconds=round(time.monotonic() - began, 3))
             serving.set()  # offered once already, as the source
@@ -423,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = started.pid
         engines.append(engine)
         if args.offer_bound > 0 and decided.answered:
-            offer = (args.directory, args.health_url, args.offer_bound, args.sleep, engine, serving)
+            offer = (args.directory, args.health_url, args.offer_bound, token, engine, serving)
             threading.Thread(target=offer_dump, args=offer, name="offer", daemon=True).start()
         else:
             serving.set()

@@ -14,7 +14,7 @@ from stoker.render.pods import DEFAULT_PROGRAMS_IMAGE
 from stoker.render.pvc import build_cache_pvc, build_model_pvc
 from stoker.render.seed import build_seed_job
 from stoker.render.service import build_service
-from stoker.render.snapshot import Snapshots
+from stoker.render.snapshot import Snapshots, snapshotted_asleep
 
 
 def seed_wanted(svc: VLLMService) -> bool:
@@ -60,13 +60,13 @@ def render_children(
     the serving pods, controller/peers.py; none in `stoker render`), and with spec.inferencePool
     the InferencePool (last: its CRD may be missing, and nothing else waits for it). `serving_replicas`
     overrides the Deployment's or LeaderWorkerSet's replicas (the controller passes 0 while a gated seed
-    runs);
-    `control_token` is the operator's (see render.control): without it, as in `stoker render`, a standby
-    service's Secret is left out. The pods copy their programs from `programs_image` (the operator's own
-    image, by default of this version); with `snapshots` (the admin turned snapshot and restore on) the
-    serving pods are made for them (render.snapshot)."""
+    runs); `control_token` is the operator's (see render.control): without it, as in `stoker render`, the
+    Secret of a standby service, or of one snapshotted asleep, is left out. The pods copy their programs
+    from `programs_image` (the operator's own image, by default of this version); with `snapshots` (the
+    admin turned snapshot and restore on) the serving pods are made for them (render.snapshot)."""
     children: list[Json] = []
-    if svc.spec.cold_start.standby is not None and control_token is not None:
+    guarded = svc.spec.cold_start.standby is not None or snapshotted_asleep(svc, snapshots)
+    if guarded and control_token is not None:
         children.append(build_control_secret(svc, control_token))
     if svc.spec.cold_start.compile_cache.enabled:
         children.append(build_cache_pvc(svc))

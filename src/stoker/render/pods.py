@@ -67,12 +67,17 @@ def _hf_token_env(svc: VLLMService) -> list[Json]:
     return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+def control_token_env(svc: VLLMService) -> Json:
+    """The pod's control token (stoker.guard), from the service's control Secret (render.control)."""
+    ref = {"name": control_secret_name(svc.name), "key": CONTROL_TOKEN_KEY}
+    return {"name": CONTROL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
+
+
 def _control_token_env(svc: VLLMService, role: Role) -> list[Json]:
     # Only the operator calls the guarded endpoints, and only on serving pods; the seed never needs it.
     if svc.spec.cold_start.standby is None or role == "seed":
         return []
-    ref = {"name": control_secret_name(svc.name), "key": CONTROL_TOKEN_KEY}
-    return [{"name": CONTROL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}]
+    return [control_token_env(svc)]
 
 
 def _secret_env(svc: VLLMService, role: Role) -> list[Json]:

@@ -9,6 +9,13 @@ sockets on loopback (the restored engine finds only the target pod's loopback, n
 spawned engine (a forked one shares the API server's GPU device files, which CRIU cannot dump), the
 snapshot label the agent lists, and the operator's signature (stoker.snapshot.trust), without which the
 agent acts on nothing.
+
+An engine in vLLM's sleep mode (`--enable-sleep-mode` in runtime.extraArgs, which the seed runs too: it is
+part of the compile-cache key) is snapshotted asleep at level 2: the snapshot then holds neither its weights
+nor its KV cache, only its host memory, and a restore reloads the weights from the model. engine_init puts
+it to sleep and wakes it through the dev endpoints, which sleep mode needs and stoker.guard keeps to the
+holder of the pod's control token (the service's control Secret). Without sleep mode the whole device
+memory the engine holds goes into the snapshot (a CPU engine's way; a GPU's is its memory's size).
 """
 
 from __future__ import annotations
@@ -18,11 +25,11 @@ from dataclasses import dataclass
 from stoker.api import VLLMService
 from stoker.api.owned import CACHE_KEY_LABEL, SNAPSHOT_LABEL
 from stoker.inpod import engine_init
-from stoker.render.engine import PORT
+from stoker.render.engine import CONTROL_GUARD, PORT
 from stoker.render.group import multi_node
 from stoker.render.names import Json
 from stoker.render.peers import peers_enabled
-from stoker.render.pods import ENGINE_CONTAINER
+from stoker.render.pods import ENGINE_CONTAINER, control_token_env
 from stoker.snapshot import plan, trust
 
 # engine_init's GET /ready: 503 while no engine serves in the pod or a dump offer is open.
@@ -30,6 +37,8 @@ GATE_PORT = 8079
 GATE_PORT_NAME = "snapshot-gate"
 HANDSHAKE_VOLUME = "stoker-snapshot"
 SPAWNED_ENGINE = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+# What sleep mode's endpoints need (vLLM opens them only in dev mode; ignored by the compile-cache key).
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +65,23 @@ def not_snapshotted(svc: VLLMService) -> str | None:
     return None
 
 
+def sleeps(svc: VLLMService) -> bool:
+    """Whether the service's engine runs in vLLM's sleep mode."""
+    runtime = svc.spec.runtime
+    return runtime.engine_profile.flags.sleep_mode in runtime.extra_args
+
+
+def snapshotted_asleep(svc: VLLMService, snapshots: Snapshots | None) -> bool:
+    """Whether the service's serving pods are made for snapshots taken asleep: they need the control token."""
+    return snapshots is not None and not_snapshotted(svc) is None and sleeps(svc)
+
+
 def with_snapshots(svc: VLLMService, template: Json, snapshots: Snapshots) -> None:
     """The serving pod `template` (labelled with its cache key) made for snapshots, in place."""
     spec = template["spec"]
     engine = next(c for c in spec["containers"] if c["name"] == ENGINE_CONTAINER)
+    asleep = sleeps(svc)
+    guard = [svc.spec.runtime.engine_profile.flags.middleware, CONTROL_GUARD] if asleep else []
     engine["command"] = [
         "python3", "-m", engine_init.__name__,
         "--restore-wait", str(snapshots.restore_wait_seconds),
@@ -67,12 +89,15 @@ def with_snapshots(svc: VLLMService, template: Json, snapshots: Snapshots) -> No
         "--health-url", f"http://127.0.0.1:{PORT}/health",
         "--gate-port", str(GATE_PORT),
         "--offer-bound", str(snapshots.offer_bound_seconds),
-        "--", *engine["command"], *engine.pop("args", []),
+        *(["--sleep"] if asleep else []),
+        "--", *engine["command"], *engine.pop("args", []), *guard,
     ]  # fmt: skip
-    extra = {**plan.LOOPBACK_ENVIRONMENT, **SPAWNED_ENGINE}
+    extra = {**plan.LOOPBACK_ENVIRONMENT, **SPAWNED_ENGINE, **(DEV_MODE if asleep else {})}
     engine["env"] = [e for e in engine["env"] if e["name"] not in extra] + [
         {"name": name, "value": value} for name, value in extra.items()
     ]
+    if asleep:
+        engine["env"].append(control_token_env(svc))
     engine["ports"].append({"name": GATE_PORT_NAME, "containerPort": GATE_PORT, "protocol": "TCP"})
     # Every second, as the startup probe: the gate opens the moment a dump's outcome is in.
     gate = {"path": "/ready", "port": GATE_PORT_NAME}

@@ -37,7 +37,7 @@ from typing import Any, NoReturn, TypedDict
 from stoker.api.owned import CACHE_KEY_LABEL, INSTANCE_LABEL, SNAPSHOT_LABEL
 from stoker.inpod import engine_init
 from stoker.render.pods import ENGINE_CONTAINER
-from stoker.snapshot import plan, trust
+from stoker.snapshot import cuda, plan, trust
 
 # Written last by a dump that completed: what the restore needs beside CRIU's images.
 MANIFEST = "stoker-snapshot.json"
@@ -54,7 +54,14 @@ class SnapshotError(RuntimeError):
 
 
 # What a dump or a restore raises when it fails: one line on stderr (and, for a restore, the pod told).
-FAILURES = (SnapshotError, ValueError, LookupError, OSError, subprocess.CalledProcessError)
+FAILURES = (
+    SnapshotError,
+    cuda.CudaCheckpointError,
+    ValueError,
+    LookupError,
+    OSError,
+    subprocess.CalledProcessError,
+)
 
 
 class HeldFile(TypedDict):
@@ -278,7 +285,9 @@ def changed(upper: Path, path: str) -> bool:
 
 
 def dump(image: Path, container: str, criu: str) -> dict[str, object]:
-    """Dump the engine (PID 1's only child) of `container`, which goes on serving, into `image`."""
+    """Dump the engine (PID 1's only child) of `container`, which goes on serving, into `image`: its CUDA
+    processes checkpointed by the driver for the dump (their device memory in their host memory, which CRIU
+    dumps; an engine in sleep mode was put to sleep by engine_init first) and back on their GPU after it."""
     init = container_init(container)
     engines = children(init)
     if len(engines) != 1:
@@ -300,16 +309,25 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
         for fd in plan.LOG_DESCRIPTORS
         if plan.PIPE.fullmatch(pipe := os.readlink(PROC / str(engine) / "fd" / str(fd)))
     }
+    gpus = cuda.container_gpus(root, cuda.node_gpus())
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
-    began = time.monotonic()
     try:
-        done = subprocess.run(
-            plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
-            capture_output=True,
-            text=True,
-        )
-        seconds = time.monotonic() - began
+        checkpointed = cuda.holding(pids)
+        began = time.monotonic()
+        try:
+            cuda.checkpoint(checkpointed)
+            checkpoint_seconds = time.monotonic() - began
+            done = subprocess.run(
+                plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
+                capture_output=True,
+                text=True,
+            )
+            seconds = time.monotonic() - began - checkpoint_seconds
+        finally:
+            resuming = time.monotonic()
+            cuda.resume(checkpointed)  # the source serves on, whatever became of the dump
+            resume_seconds = time.monotonic() - resuming
         if done.returncode != 0:
             raise SnapshotError(f"criu dump failed: {criu_log(image, 'dump.log')}")
         (image / FILES).mkdir()
@@ -320,13 +338,21 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
             "files": files,
             "highestPid": highest_pid(pids),
             "logPipes": log_pipes,
+            "gpus": gpus,
         }
         (image / MANIFEST).write_text(json.dumps(manifest))
     except BaseException:
         shutil.rmtree(image, ignore_errors=True)  # gigabytes that no restore would take
         raise
     pages = sum(path.stat().st_size for path in image.glob("pages-*.img"))
-    return {"dumpSeconds": round(seconds, 3), "imageBytes": pages, "files": len(files)}
+    return {
+        "dumpSeconds": round(seconds, 3),
+        "imageBytes": pages,
+        "files": len(files),
+        "cudaProcesses": len(checkpointed),
+        "cudaCheckpointSeconds": round(checkpoint_seconds, 3),
+        "cudaResumeSeconds": round(resume_seconds, 3),
+    }
 
 
 def completed_manifest(image: Path) -> dict[str, Any]:
@@ -411,9 +437,7 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
         if not engine_init.create_once(
             engine_init.OUTCOME, f"{engine_init.RESTORED} {inside}", dir_fd=directory
         ):
-            for pid in reversed(tree(engine)):  # engine_init gave up waiting and starts its own
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            end_tree(tree(engine))  # engine_init gave up waiting and starts its own
             raise SnapshotError(f"{container} stopped waiting before the restore ended: its engine ended")
     return restored
 
@@ -422,7 +446,11 @@ def restore(
     image: Path, manifest: dict[str, Any], container: str, init: int, criu: str
 ) -> dict[str, int | float]:
     """Restore `image` into `container` (PID 1 `init`): its namespaces, root and cgroup, its engine then
-    PID 1's child."""
+    PID 1's child, its CUDA processes back on the GPU the container has (another than the source's: the
+    driver moves them)."""
+    remap = cuda.remapping(
+        manifest.get("gpus", []), cuda.container_gpus(PROC / str(init) / "root", cuda.node_gpus())
+    )
     target = plan.parse_mountinfo((PROC / str(init) / "mountinfo").read_text())
     # Paths as CRIU, in the agent's (the host's) mount namespace, finds them.
     host = plan.parse_mountinfo((PROC / "self" / "mountinfo").read_text())
@@ -454,7 +482,26 @@ def restore(
         raise SnapshotError(
             f"after the restore PID 1 of {container} has {len(engines)} children, not the engine"
         )
-    return {"restoreSeconds": seconds, "pid": engines[0], "attempts": attempts}
+    resuming = time.monotonic()
+    restored = tree(engines[0])
+    try:
+        cuda.resume(cuda.holding(restored, "checkpointed"), remap)
+    except cuda.CudaCheckpointError:
+        end_tree(restored)  # locked without its device memory: it could never serve
+        raise
+    return {
+        "restoreSeconds": seconds,
+        "pid": engines[0],
+        "attempts": attempts,
+        "cudaResumeSeconds": round(time.monotonic() - resuming, 3),
+        "gpusRemapped": len(remap),
+    }
+
+
+def end_tree(pids: list[int]) -> None:
+    for pid in reversed(pids):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def log_pipe(init: int, fd: int) -> int:
