@@ -34,9 +34,11 @@ A mode of the one driver:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +164,15 @@ def gpus_in_use() -> list[str]:
     return sorted(set(sh("nvidia-smi", "--query-compute-apps=gpu_uuid", "--format=csv,noheader").split()))
 
 
+def taken_pid(error: str) -> str:
+    """What holds the PID a failed restore could not take, from /proc."""
+    match = re.search(r"Can't fork for ([0-9]+)", error)
+    if match is None:
+        return ""
+    stat = Path("/proc", match.group(1), "stat")
+    return stat.read_text()[:300] if stat.exists() else "gone"
+
+
 def said(event: str) -> bool:
     """Whether the source's engine_init has said `event` in its log."""
     return any(
@@ -225,9 +236,14 @@ def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
         taken["decode"] = decode_rate(base, inv.served_model_name)
         taken["gpuMemoryUsedMiB"] = gpu_memory_used_mib()
     finally:
-        for pid in children(source.pid):
-            stop_group(os.getpgid(pid))
-        stop_group(source.pid)
+        # Every process of the source, each of its groups (one of vLLM's may lead its own): the restores
+        # need every PID of the dumped tree free ("Can't fork for PID: File exists").
+        groups = set()
+        for pid in tree(source.pid):
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(pid))
+        for group in groups:
+            stop_group(group)
         source.wait()
     assert inv.cache_mount_path, "stoker's serving invocation has a cache volume"
     shutil.rmtree(SOURCE_CACHE, ignore_errors=True)
@@ -278,6 +294,7 @@ def restored(
         root, attempts = restore(IMAGE, f"r{rep}-{name}", CRIU_OPTIONS)
     except RuntimeError as error:  # a failed restore is a result to record, with CRIU's log
         record["error"] = str(error)
+        record["pidTakenBy"] = taken_pid(str(error))
         return record
     record.update(criuRestoreSeconds=round(time.monotonic() - began, 3), restoreAttempts=attempts)
     try:
