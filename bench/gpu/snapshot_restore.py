@@ -35,6 +35,7 @@ A mode of the one driver:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import os
@@ -46,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.snapshot.criu_tree import SHM, dump, put_back, restore, stop_group
+from bench.snapshot.criu_tree import SHM, dump, put_back, reap_orphans, restore, stop_group
 from harness import (
     CONTAINER_LOCAL,
     HOME,
@@ -75,6 +76,7 @@ from profiles import (
 from stoker.api import VLLMService
 from stoker.guard import CONTROL_TOKEN_ENV
 from stoker.inpod import engine_init
+from stoker.inpod.engine_init import PR_SET_CHILD_SUBREAPER
 from stoker.render.children import render_children
 from stoker.render.pods import ENGINE_CONTAINER
 from stoker.render.snapshot import Snapshots
@@ -164,6 +166,14 @@ def gpus_in_use() -> list[str]:
     return sorted(set(sh("nvidia-smi", "--query-compute-apps=gpu_uuid", "--format=csv,noheader").split()))
 
 
+def until_gone(pids: list[int]) -> None:
+    """Until none of `pids` is left, zombies included (this driver, their subreaper, reaps them)."""
+    deadline = time.monotonic() + 60
+    while any(Path("/proc", str(pid)).exists() for pid in pids) and time.monotonic() < deadline:
+        reap_orphans()
+        time.sleep(0.1)
+
+
 def taken_pid(error: str) -> str:
     """What holds the PID a failed restore could not take, from /proc."""
     match = re.search(r"Can't fork for ([0-9]+)", error)
@@ -238,13 +248,15 @@ def take_snapshot(inv: Invocation, kind: str) -> dict[str, Any]:
     finally:
         # Every process of the source, each of its groups (one of vLLM's may lead its own): the restores
         # need every PID of the dumped tree free ("Can't fork for PID: File exists").
+        pids = tree(source.pid)
         groups = set()
-        for pid in tree(source.pid):
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 groups.add(os.getpgid(pid))
         for group in groups:
             stop_group(group)
         source.wait()
+        until_gone(pids)
     assert inv.cache_mount_path, "stoker's serving invocation has a cache volume"
     shutil.rmtree(SOURCE_CACHE, ignore_errors=True)
     shutil.copytree(inv.cache_mount_path, SOURCE_CACHE, symlinks=True)
@@ -327,6 +339,7 @@ def restored(
         record["error"] = repr(error)
     finally:
         stop_group(os.getpgid(root))
+        reap_orphans()
     return record
 
 
@@ -334,6 +347,10 @@ def snapshot_restore(
     svc: VLLMService, out: Path, repetitions: int, stop_after_s: float, kind: str, warm: tuple[str, str]
 ) -> None:
     budget = Budget(stop_after_s, ESTIMATE_S)
+    # What outlives its parent among the processes this driver starts (the source's engine once engine_init
+    # is gone, a restored tree once CRIU exits, CRIU's own tasks of a failed attempt) becomes its child, and
+    # is reaped here (criu_tree.reap_orphans), not left to PID 1: a zombie keeps a PID a restore needs.
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     seed_inv, serve_inv = seed_invocation(svc), serve_invocation(svc, DEFAULT_PROFILE)
     seed = started("seed", 0, seed_inv, out, None)
     emit(out, seed)

@@ -110,13 +110,28 @@ def put_back(image: Path, log: Path) -> None:
         subprocess.run(["tar", "-xPf", str(image / KEPT_FILES)], check=True)
 
 
+def reap_orphans() -> None:
+    """Reap every child of this process that has ended. A driver that makes itself the subreaper of what it
+    starts (PR_SET_CHILD_SUBREAPER) gets the orphans of a stopped tree and of CRIU's failed attempts: as
+    zombies they would keep PIDs that a restore of the tree needs, on a host whose PID 1 reaps slowly."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def restore(image: Path, name: str, options: Sequence[str] = ()) -> tuple[int, int]:
-    """`criu restore` of `image`, detached, retried while the dumped PIDs are still taken. Returns the
-    restored root's PID and the attempts it took; raises with CRIU's log if it never restored."""
+    """`criu restore` of `image`, detached, retried while the dumped PIDs are still taken (what ended as
+    this process's child reaped before each). Returns the restored root's PID and the attempts it took;
+    raises with CRIU's log if it never restored."""
     pidfile = image / "restored.pid"
     pidfile.unlink(missing_ok=True)
     argv = [criu_binary(), "restore", "-d", "-D", str(image), "--tcp-established", "--pidfile", str(pidfile)]
     for attempt in range(1, RESTORE_ATTEMPTS + 1):
+        reap_orphans()
         done = subprocess.run([*argv, *options, "-o", f"restore-{name}.log"], capture_output=True, text=True)
         if done.returncode == 0:
             return int(pidfile.read_text()), attempt
