@@ -76,19 +76,28 @@ def dump(
 ) -> dict[str, object]:
     """Dump the tree under `root` into `image` (the tree is gone after it, unless `leave_running`), then keep
     beside the image the /dev/shm files made since `shm_before`, `log` as it is, and the directories `kept`.
-    Raises with CRIU's log if the dump fails (the tree then runs on)."""
+    Raises with CRIU's log if the dump fails (the tree then runs on).
+
+    A tree left running keeps its link remaps only while CRIU runs: CRIU deletes them at the end of such a
+    dump, and a restore needs them (`Can't link dev/shm/link_remap.N -> ...`). They are /dev/shm's here
+    (a named semaphore's file, mapped under the name it was created with), copied by a post-dump action."""
     shutil.rmtree(image, ignore_errors=True)
-    image.mkdir(parents=True)
+    (image / "shm").mkdir(parents=True)
     began = time.monotonic()
     argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), *CRIU_FILE_OPTIONS]
-    running = ["--leave-running"] if leave_running else []
+    keep_remaps = image / "keep-link-remaps.sh"  # CRIU executes an action script as a file, with no shell
+    keep_remaps.write_text(
+        f'#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" != post-dump ] || for remap in {SHM}/link_remap.*; do\n'
+        f'    [ ! -e "$remap" ] || cp -a "$remap" {image}/shm/ || exit 1\ndone\n'
+    )
+    keep_remaps.chmod(0o755)
+    running = ["--leave-running", "--action-script", str(keep_remaps)] if leave_running else []
     done = subprocess.run([*argv, *running, *options, "-o", "dump.log"], capture_output=True, text=True)
     seconds = time.monotonic() - began
     if done.returncode != 0:
         raise RuntimeError(f"criu dump failed: {(image / 'dump.log').read_text()[-3000:]}")
     while not leave_running and group_alive(root):
         time.sleep(0.05)
-    (image / "shm").mkdir()
     for name in set(os.listdir(SHM)) - shm_before:
         subprocess.run(
             ["cp", "-a", "--sparse=always", str(SHM / name), str(image / "shm" / name)], check=True
