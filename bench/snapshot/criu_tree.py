@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stoker.snapshot import plan
+from stoker.snapshot.agent import held_paths, kept_link_remaps, link_remap_action, put_back_link_remaps, tree
 from stoker.snapshot.plan import CRIU_FILE_OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,20 +80,17 @@ def dump(
     beside the image the /dev/shm files made since `shm_before`, `log` as it is, and the directories `kept`.
     Raises with CRIU's log if the dump fails (the tree then runs on).
 
-    A tree left running keeps its link remaps only while CRIU runs: CRIU deletes them at the end of such a
-    dump, and a restore needs them (`Can't link dev/shm/link_remap.N -> ...`). They are /dev/shm's here
-    (a named semaphore's file, mapped under the name it was created with), copied by a post-dump action."""
+    A tree left running keeps CRIU's link remaps only while CRIU runs (it deletes them at the end of such a
+    dump), and a restore needs them (`Can't link dev/shm/link_remap.N -> ...`): the agent's post-dump action
+    keeps them (stoker.snapshot.agent.link_remap_action), and put_back puts them back."""
     shutil.rmtree(image, ignore_errors=True)
     (image / "shm").mkdir(parents=True)
     began = time.monotonic()
     argv = [criu_binary(), "dump", "-t", str(root), "-D", str(image), *CRIU_FILE_OPTIONS]
-    keep_remaps = image / "keep-link-remaps.sh"  # CRIU executes an action script as a file, with no shell
-    keep_remaps.write_text(
-        f'#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" != post-dump ] || for remap in {SHM}/link_remap.*; do\n'
-        f'    [ ! -e "$remap" ] || cp -a "$remap" {image}/shm/ || exit 1\ndone\n'
-    )
-    keep_remaps.chmod(0o755)
-    running = ["--leave-running", "--action-script", str(keep_remaps)] if leave_running else []
+    running = []
+    if leave_running:
+        directories = plan.remap_directories(held_paths(tree(root)))
+        running = ["--leave-running", "--action-script", link_remap_action(image, Path("/"), directories)]
     done = subprocess.run([*argv, *running, *options, "-o", "dump.log"], capture_output=True, text=True)
     seconds = time.monotonic() - began
     if done.returncode != 0:
@@ -112,6 +111,7 @@ def dump(
 
 def put_back(image: Path, log: Path) -> None:
     """What the tree held besides its memory, as it was at the dump."""
+    put_back_link_remaps(image, kept_link_remaps(image), Path("/"))
     for entry in (image / "shm").iterdir():
         subprocess.run(["cp", "-a", "--sparse=always", str(entry), str(SHM / entry.name)], check=True)
     shutil.copy2(image / "log.at-dump", log)

@@ -104,7 +104,8 @@ def test_the_operator_renders_signed_snapshot_pods_that_the_agent_takes_and_that
             said = [
                 json.loads(line[len(prefix) :]) for line in log_text.splitlines() if line.startswith(prefix)
             ]
-            starting, offering, serving = said[:3]
+            waiting, starting, offering, serving = said[:4]
+            assert waiting["event"] == "waiting", said
             assert starting == {"event": "starting", "reason": plan.NO_SNAPSHOT}, said
             assert offering["event"] == "offering", said
             assert serving["event"] == "serving" and serving["dump"].split()[0] in ("dumped", "failed"), said

@@ -50,17 +50,15 @@ KEY = "0123456789abcdef"
 SIGNING_KEY = "test-control-key-0123456789"
 BROKEN_KEY = "fedcba9876543210"
 GATE_PORT = 8001
-SERVE = [
-    "vllm",
-    "serve",
-    "/models/tiny",
-    "--port",
-    "8000",
-    "--served-model-name",
-    "tiny",
-    "--max-model-len",
-    "256",
-]
+SERVE = "vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
+# A process of the engine's tree holding a named POSIX semaphore, as vLLM's GPU engine does: glibc creates it
+# under a temporary name and links it to its own, so the process maps a file unlinked by the name it holds,
+# which CRIU link-remaps and, for a tree left running, deletes at the dump's end (the agent keeps it).
+SEMAPHORE_HOLDER = (
+    "import ctypes, os, time; libc = ctypes.CDLL('libc.so.6'); libc.sem_open.restype = ctypes.c_void_p; "
+    "libc.sem_open(b'/stoker-e2e', os.O_CREAT, 0o600, 1); time.sleep(10**6)"
+)
+ENGINE = ["sh", "-c", f'python3 -c "{SEMAPHORE_HOLDER}" & exec {SERVE}']
 
 
 def criu() -> str:
@@ -81,7 +79,7 @@ def pod(
     for up to 10 min."""
     init = ["python3", "-m", "stoker.inpod.engine_init", "--restore-wait", "600", "--restore-bound", "120",
             "--health-url", "http://127.0.0.1:8000/health", "--gate-port", str(GATE_PORT),
-            "--offer-bound", "600", "--", *SERVE]  # fmt: skip
+            "--offer-bound", "600", "--", *ENGINE]  # fmt: skip
     manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -262,7 +260,8 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         src = create("src", KEY)
         wait_for(lambda: ready("src"), timeout=300, what="src Ready once it is dumped")
         assert (service / KEY / "stoker-snapshot.json").exists()
-        starting, offering, serving = init_events("src")
+        waiting, starting, offering, serving = init_events("src")
+        assert waiting == {"event": "waiting", "seconds": 600.0}, waiting
         assert starting == {"event": "starting", "reason": plan.NO_SNAPSHOT}, starting
         assert str(offering["warmUp"]).startswith("one completion in"), offering  # served once: its own
         assert serving == {"event": "serving", "dump": "dumped"}, serving
@@ -274,7 +273,7 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         dst = create("dst", KEY)
         ip["dst"] = dst["status"]["podIP"]
         wait_for(lambda: ready("dst"), timeout=120, what="dst Ready by the kubelet's probe, restored")
-        assert [event["event"] for event in init_events("dst")] == ["restoring", "restored"]
+        assert [event["event"] for event in init_events("dst")] == ["waiting", "restoring", "restored"]
         dst_init = container_init(dst["status"]["containerStatuses"][0]["containerID"].partition("://")[2])
         (engine,) = children(dst_init)  # PID 1's child, as the engine was in src: PID 1 reaps it
         assert namespaces_of(engine) == namespaces_of(dst_init)
@@ -292,8 +291,8 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         copy = forged(pod("dst", KEY, real_node.placement(), volumes, namespace), "forged")
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(copy))
         wait_for(lambda: started("forged"), timeout=120, what="forged running")
-        wait_for(lambda: len(init_events("forged")) >= 1, timeout=60, what="forged started its own")
-        assert init_events("forged")[0] == {"event": "starting", "reason": "no restore claimed within 3 s"}
+        wait_for(lambda: len(init_events("forged")) >= 2, timeout=60, what="forged started its own")
+        assert init_events("forged")[1] == {"event": "starting", "reason": "no restore claimed within 3 s"}
 
         # A snapshot CRIU cannot restore (its memory pages gone): the replica starts its engine as any does,
         # its log says why, and it is dumped in place of the broken snapshot.
@@ -303,7 +302,7 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         fallback = create("fallback", BROKEN_KEY)
         ip["fallback"] = fallback["status"]["podIP"]
         wait_for(lambda: ready("fallback"), timeout=300, what="fallback Ready by its own start, then dumped")
-        restoring, starting, offering, serving = init_events("fallback")
+        _, restoring, starting, offering, serving = init_events("fallback")
         assert restoring["event"] == "restoring" and starting["event"] == "starting", (restoring, starting)
         assert str(starting["reason"]).startswith("restore failed: criu restore failed 3 times"), starting
         assert serving == {"event": "serving", "dump": "dumped"}, serving

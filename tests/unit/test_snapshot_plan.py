@@ -98,13 +98,27 @@ def test_the_files_copied_are_the_engines_own_on_the_container_filesystems():
     ]
 
 
+def test_link_remaps_are_looked_for_beside_the_deleted_files_the_engine_holds():
+    held = [
+        "/dev/shm/sem.aRdOB9 (deleted)",
+        "/tmp/x/y.log (deleted)",
+        "/dev/shm/psm_1234",  # not deleted
+        "/memfd:cuda (deleted)",
+        "/dev/nvidia0",
+        "/tmp/../etc/z (deleted)",
+        "/top-level (deleted)",
+        "socket:[123]",
+    ]
+    assert plan.remap_directories(held) == ["/dev/shm", "/tmp/x"]
+
+
 def test_criu_is_asked_for_the_external_namespaces_mounts_and_log_pipes_and_their_mapping():
     dump = plan.dump_arguments(
-        "criu", 42, Path("/s/img"), {"pid": 7, "net": 9}, ["/etc/hosts", "/cache"], "d.log"
+        "criu", 42, Path("/s/img"), {"pid": 7, "net": 9}, ["/etc/hosts", "/cache"], "d.log", "/s/img/keep"
     )
     assert dump == [
         "criu", "dump", "-t", "42", "-D", "/s/img", "--tcp-established", "--link-remap", "--leave-running",
-        "--external", "net[9]:netns", "--external", "pid[7]:pidns",
+        "--action-script", "/s/img/keep", "--external", "net[9]:netns", "--external", "pid[7]:pidns",
         "--external", "mnt[/etc/hosts]:m0", "--external", "mnt[/cache]:m1", "-o", "d.log",
     ]  # fmt: skip
     restore = plan.restore_arguments(

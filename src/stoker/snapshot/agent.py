@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -42,6 +43,10 @@ from stoker.snapshot import cuda, plan, trust
 # Written last by a dump that completed: what the restore needs beside CRIU's images.
 MANIFEST = "stoker-snapshot.json"
 FILES = "files"
+# CRIU's link remaps, kept at post-dump (keep_link_remaps): what to look for, the copies, what they were.
+LINK_REMAP_REQUEST = "link-remap-request.json"
+LINK_REMAPS = "link-remaps"
+LINK_REMAPS_KEPT = "link-remaps.json"
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 CONTAINER_IN_CGROUP = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 PROC = Path("/proc")
@@ -284,6 +289,54 @@ def changed(upper: Path, path: str) -> bool:
     return True
 
 
+def link_remap_action(image: Path, root: Path, directories: list[str]) -> str:
+    """CRIU's action script for a dump left running: at post-dump, the tree still frozen, it copies the link
+    remaps CRIU made in `directories` of the tree's root filesystem (`root`: /proc/PID/root) into `image`
+    (keep_link_remaps), since CRIU deletes them at the dump's end. CRIU executes it as a file, with its own
+    environment (this agent's)."""
+    (image / LINK_REMAP_REQUEST).write_text(json.dumps({"root": str(root), "directories": directories}))
+    script = image / "keep-link-remaps"
+    script.write_text(
+        '#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
+        f"exec {shlex.quote(sys.executable)} -m stoker.snapshot.agent keep-link-remaps "
+        f"--image {shlex.quote(str(image))}\n"
+    )
+    script.chmod(0o700)
+    return str(script)
+
+
+def keep_link_remaps(image: Path) -> list[HeldFile]:
+    """Copy the link remaps (plan.remap_directories) into `image`, as link_remap_action asked; what was
+    kept. The directories are the tenant's: opened without following a symlink, regular files only."""
+    request = json.loads((image / LINK_REMAP_REQUEST).read_text())
+    root = Path(request["root"])
+    (image / LINK_REMAPS).mkdir(exist_ok=True)
+    kept: list[HeldFile] = []
+    for directory in request["directories"]:
+        descriptor = open_inside(root, directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            names = sorted(name for name in os.listdir(descriptor) if name.startswith(plan.LINK_REMAP_PREFIX))
+        finally:
+            os.close(descriptor)
+        for name in names:
+            held = held_file(root, f"{directory}/{name}")
+            copy_out(root, held, image / LINK_REMAPS / str(len(kept)))
+            kept.append(held)
+    (image / LINK_REMAPS_KEPT).write_text(json.dumps(kept))
+    return kept
+
+
+def kept_link_remaps(image: Path) -> list[HeldFile]:
+    kept = image / LINK_REMAPS_KEPT
+    return list(json.loads(kept.read_text())) if kept.exists() else []
+
+
+def put_back_link_remaps(image: Path, kept: list[HeldFile], root: Path) -> None:
+    """The kept link remaps into the root filesystem `root`, where the restore links them back."""
+    for number, held in enumerate(kept):
+        copy_in(image / LINK_REMAPS / str(number), root, held)
+
+
 def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     """Dump the engine (PID 1's only child) of `container`, which goes on serving, into `image`: its CUDA
     processes checkpointed by the driver for the dump (their device memory in their host memory, which CRIU
@@ -298,9 +351,10 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     upper = Path(plan.upper_directory(mounts))
     root = PROC / str(init) / "root"
     pids = tree(engine)
+    holding = held_paths(pids)
     files = [
         held_file(root, path)
-        for path, on_root in plan.local_files(held_paths(pids), mounts, carried)
+        for path, on_root in plan.local_files(holding, mounts, carried)
         if not on_root or changed(upper, path)
     ]
     namespaces = {kind: (PROC / str(init) / "ns" / kind).stat().st_ino for kind in ("pid", "net")}
@@ -318,8 +372,9 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
         try:
             cuda.checkpoint(checkpointed)
             checkpoint_seconds = time.monotonic() - began
+            action = link_remap_action(image, root, plan.remap_directories(holding))
             done = subprocess.run(
-                plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log"),
+                plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log", action),
                 capture_output=True,
                 text=True,
             )
@@ -339,6 +394,7 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
             "highestPid": highest_pid(pids),
             "logPipes": log_pipes,
             "gpus": gpus,
+            "linkRemaps": kept_link_remaps(image),
         }
         (image / MANIFEST).write_text(json.dumps(manifest))
     except BaseException:
@@ -459,6 +515,7 @@ def restore(
     root = plan.host_path(target_root, host)
     for number, held in enumerate(manifest["files"]):
         copy_in(image / FILES / str(number), PROC / str(init) / "root", held)
+    put_back_link_remaps(image, manifest.get("linkRemaps", []), PROC / str(init) / "root")
     descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
     pipes: dict[str, int] = {}
     try:
@@ -646,8 +703,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stoker.snapshot.agent", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("action", choices=["dump", "restore", "serve"])
-    parser.add_argument("--base", type=Path, required=True, help="the agent's snapshot directory")
+    parser.add_argument("action", choices=["dump", "restore", "serve", "keep-link-remaps"])
+    parser.add_argument("--base", type=Path, help="the agent's snapshot directory")
+    parser.add_argument("--image", type=Path, help="keep-link-remaps (CRIU's post-dump action): the image")
     parser.add_argument("--namespace", help="dump, restore: the snapshot's namespace")
     parser.add_argument("--service", help="dump, restore: the snapshot's service")
     parser.add_argument("--cache-key", help="dump, restore: the snapshot's cache key")
@@ -674,12 +732,20 @@ def main(argv: list[str] | None = None) -> int:
         help="serve: the operator's control key; only pods it signed are acted on (stoker.snapshot.trust)",
     )
     args = parser.parse_args(argv)
-    wanted = (
-        ["node", "key_file"] if args.action == "serve" else ["namespace", "service", "cache_key", "container"]
-    )
+    wanted = {
+        "serve": ["base", "node", "key_file"],
+        "keep-link-remaps": ["image"],
+    }.get(args.action, ["base", "namespace", "service", "cache_key", "container"])
     missing = [f"--{name.replace('_', '-')}" for name in wanted if getattr(args, name) is None]
     if missing:
         parser.error(f"{args.action} needs {', '.join(missing)}")
+    if args.action == "keep-link-remaps":
+        try:
+            keep_link_remaps(args.image)
+        except FAILURES as failed:
+            print(f"stoker snapshot keep-link-remaps: {failed}", file=sys.stderr)
+            return 1
+        return 0
     if args.action == "serve":
         try:
             key = args.key_file.read_text().strip()

@@ -142,10 +142,35 @@ def local_files(held: Iterable[str], mounts: Iterable[Mount], carried: list[str]
     return sorted(found.items())
 
 
+DELETED = " (deleted)"
+LINK_REMAP_PREFIX = "link_remap."
+
+
+def remap_directories(held: Iterable[str]) -> list[str]:
+    """Where CRIU may put a link remap for the engine: the directories of the files it holds that were
+    unlinked by the name it holds them under but are linked by another (a named POSIX semaphore: glibc
+    creates it under a temporary name and links it to its own). `--link-remap` links each back there for the
+    dump and, when the tree runs on, deletes it again at the dump's end, though a restore needs it."""
+    found = set()
+    for path in held:
+        name = path.removesuffix(DELETED)
+        plain = name.startswith("/") and not name.startswith("/memfd:") and "/." not in name
+        if name != path and plain and not NOT_A_PATH.search(name):
+            found.add(str(PurePosixPath(name).parent))
+    return sorted(found - {"/"})
+
+
 def dump_arguments(
-    criu: str, engine: int, image: Path, namespaces: dict[str, int], carried: list[str], log: str
+    criu: str,
+    engine: int,
+    image: Path,
+    namespaces: dict[str, int],
+    carried: list[str],
+    log: str,
+    action_script: str,
 ) -> list[str]:
-    """`criu dump` of the engine's tree, left running, its namespaces and carried mounts external."""
+    """`criu dump` of the engine's tree, left running, its namespaces and carried mounts external, with the
+    agent's `action_script` (which keeps the link remaps at post-dump)."""
     external = [f"{kind}[{inode}]:{kind}ns" for kind, inode in sorted(namespaces.items())]
     external += [f"mnt[{point}]:m{index}" for index, point in enumerate(carried)]
     return [
@@ -157,6 +182,8 @@ def dump_arguments(
         str(image),
         *CRIU_FILE_OPTIONS,
         "--leave-running",
+        "--action-script",
+        action_script,
         *(argument for entry in external for argument in ("--external", entry)),
         "-o",
         log,
