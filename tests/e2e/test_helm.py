@@ -356,8 +356,12 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
         *("--key-file", "/etc/stoker/control-key/key"),
     ]
     assert container["env"] == [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # The driver's libraries, for the CUDA checkpoint API, from the NVIDIA container runtime.
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
     ]
+    assert "runtimeClassName" not in pod
     assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
@@ -410,7 +414,7 @@ def test_snapshot_values_reach_the_agent_and_the_operator(helm: Helm) -> None:
         *("--set", "snapshot.restoreWaitSeconds=3", "--set", "snapshot.restoreBoundSeconds=60"),
         *("--set", "snapshot.offerBoundSeconds=30", "--set", "snapshot.image.tag=0.1.0-snapshot-agent"),
         *("--set", "snapshot.nodeSelector.gpu=yes", "--set", "snapshot.priorityClassName=critical"),
-        *("--set", "rbac.create=false"),
+        *("--set", "snapshot.runtimeClassName=nvidia", "--set", "rbac.create=false"),
     )
     (daemonset,) = of_kind(docs, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -423,6 +427,7 @@ def test_snapshot_values_reach_the_agent_and_the_operator(helm: Helm) -> None:
     assert snapshots["hostPath"]["path"] == mount["mountPath"] == "/data/snapshots"
     assert container["image"] == "ghcr.io/stoker-dev/stoker:0.1.0-snapshot-agent"
     assert pod["nodeSelector"] == {"gpu": "yes"} and pod["priorityClassName"] == "critical"
+    assert pod["runtimeClassName"] == "nvidia"
     # rbac.create=false: the admin binds the agent's ServiceAccount.
     assert not [doc for doc in docs if doc["kind"].endswith(("Role", "RoleBinding")) and is_agents(doc)]
     assert snapshot_seconds(docs) == ["3", "60", "30"]

@@ -23,6 +23,7 @@ from stoker.controller.diagnose import UNSCHEDULABLE_GRACE_SECONDS
 from stoker.controller.objects import facts_json
 from stoker.controller.ownership import SeededClaim, claim_signature, owner_signature, seeded_annotations
 from stoker.render import cache_key, render_children, seed_job_name, short_cache_key
+from stoker.render.snapshot import Snapshots
 
 KEY = "operator-signing-key-0123456789"
 PROGRAMS_IMAGE = "registry.example/stoker:0.1.0"
@@ -41,6 +42,9 @@ QWEN_FACTS = {
     "experts": 0,
     "dtype": "bfloat16",
 }
+
+
+SNAPSHOTS = Snapshots("operator-control-key-0123456789", 10, 120, 300)
 
 
 def body(**status: object) -> dict:
@@ -340,3 +344,30 @@ def test_a_seed_pod_the_scheduler_cannot_place_stops_progress_and_degrades_after
         c["type"]: c for c in decide_status(later, plan, Outcome(children, []), None).status["conditions"]
     }
     assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "Unschedulable")
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        (
+            {"runtime": {"replicas": 1, "extraArgs": ["--enable-sleep-mode"]}},
+            ("True", "Asleep", "dumped asleep"),
+        ),
+        ({"runtime": {"replicas": 1}}, ("True", "Awake", "add --enable-sleep-mode")),
+        ({"runtime": {"replicas": 1, "gpus": 2}}, ("False", "NotEligible", "several GPUs")),
+    ],
+    ids=["asleep", "awake", "tensor-parallel"],
+)
+def test_where_snapshots_are_on_a_condition_says_whether_and_how_this_service_gets_them(
+    spec: dict, want: tuple[str, str, str]
+) -> None:
+    obj = body()
+    obj["spec"].update(spec)
+    snap = dataclasses.replace(snapshot(obj, converged(obj)), snapshots=SNAPSHOTS)
+    status = decide_status(snap, decide_children(snap), Outcome(snap.children, []), None).status
+    found = next(c for c in status["conditions"] if c["type"] == "Snapshots")
+    assert (found["status"], found["reason"]) == want[:2] and want[2] in found["message"], found
+    # Off in the cluster: no such condition.
+    plain = snapshot(obj, converged(obj))
+    status = decide_status(plain, decide_children(plain), Outcome(plain.children, []), None).status
+    assert "Snapshots" not in [c["type"] for c in status["conditions"]]

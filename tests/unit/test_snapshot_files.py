@@ -5,12 +5,25 @@ the container, or hang; a file comes back at its size at the dump, with its mode
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from stoker.snapshot.agent import SnapshotError, changed, copy_in, copy_out, held_file, open_inside
+from stoker.snapshot.agent import (
+    SnapshotError,
+    changed,
+    copy_in,
+    copy_out,
+    held_file,
+    kept_link_remaps,
+    link_remap_action,
+    open_inside,
+    put_back_link_remaps,
+    remove_link_remaps,
+)
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -90,3 +103,47 @@ def test_a_fifo_or_a_directory_is_refused_without_waiting(host: Path) -> None:
 def test_a_path_that_is_not_plain_and_absolute_is_refused(host: Path, path: str) -> None:
     with pytest.raises(SnapshotError, match="not a plain absolute path"):
         open_inside(host / "root", path, os.O_RDONLY)
+
+
+def keep(image: Path, root: Path, action: str = "post-dump") -> subprocess.CompletedProcess[str]:
+    """CRIU's call of the agent's action script, as CRIU makes it: the file, executed, its action in env."""
+    script = link_remap_action(image, root, ["/dev/shm"])
+    env = dict(os.environ, CRTOOLS_SCRIPT_ACTION=action, PYTHONPATH=str(REPO / "src"))
+    return subprocess.run([script], capture_output=True, text=True, env=env)
+
+
+def test_criu_s_link_remaps_are_kept_at_post_dump_and_put_back_into_the_target(host: Path) -> None:
+    """CRIU deletes its link remaps at the end of a dump that leaves the tree running; the restore needs
+    them where they were."""
+    shm = host / "root" / "dev" / "shm"
+    shm.mkdir(parents=True)
+    (shm / "link_remap.214").write_text("semaphore")
+    (shm / "link_remap.214").chmod(0o600)
+    (shm / "psm_1234").write_text("not a link remap")
+    image = host / "image"
+    image.mkdir()
+    assert keep(image, host / "root", action="pre-dump").returncode == 0
+    assert kept_link_remaps(image) == []  # only at post-dump
+    done = keep(image, host / "root")
+    assert done.returncode == 0, done.stderr
+    (shm / "link_remap.214").unlink()  # as CRIU does once the dump is over
+    kept = kept_link_remaps(image)
+    assert [held["path"] for held in kept] == ["/dev/shm/link_remap.214"]
+    target = host / "target"
+    (target / "dev" / "shm").mkdir(parents=True)
+    put_back_link_remaps(image, kept, target)
+    assert (target / "dev" / "shm" / "link_remap.214").read_text() == "semaphore"
+    assert (target / "dev" / "shm" / "link_remap.214").stat().st_mode & 0o777 == 0o600
+    remove_link_remaps(kept, target)  # a restore that failed leaves none behind
+    assert not (target / "dev" / "shm" / "link_remap.214").exists()
+
+
+def test_a_tenant_s_symlink_named_as_a_link_remap_fails_the_dump_and_copies_nothing(host: Path) -> None:
+    shm = host / "root" / "dev" / "shm"
+    shm.mkdir(parents=True)
+    (shm / "link_remap.7").symlink_to(host / "host-etc" / "shadow")
+    image = host / "image"
+    image.mkdir()
+    done = keep(image, host / "root")
+    assert done.returncode == 1 and "a symlink on the way" in done.stderr, done.stderr
+    assert "secret" not in "".join(path.read_text() for path in image.rglob("*") if path.is_file())

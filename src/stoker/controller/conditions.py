@@ -18,6 +18,7 @@ CONDITION_TYPES = (
     "Degraded",
     "StartupRecorded",
     "NodeWarming",
+    "Snapshots",
     "ScaleFromZero",
 )
 SCALE_FROM_ZERO = "ScaleFromZero"
@@ -182,6 +183,35 @@ def degraded_condition(
 
 def _messages(problems: list[Problem]) -> str:
     return "; ".join(p.message for p in problems)[:1024]
+
+
+def snapshots_condition(left_out: str | None, asleep: bool) -> Condition:
+    """Where an admin turned snapshot and restore on: whether this service's replicas are made for it
+    (render.snapshot), and taken asleep or awake."""
+    if left_out is not None:
+        return Condition(
+            "Snapshots",
+            False,
+            "NotEligible",
+            f"Snapshot and restore is on in this cluster, but not for this service ({left_out}): its replicas"
+            " start as usual",
+        )
+    if asleep:
+        return Condition(
+            "Snapshots",
+            True,
+            "Asleep",
+            "Replicas are made for snapshots: on each node the first replica of a cache key is dumped asleep"
+            " (no weights or KV cache in it), later ones are restored from it; status.startup.last.snapshot"
+            " says which a start was",
+        )
+    return Condition(
+        "Snapshots",
+        True,
+        "Awake",
+        "Replicas are made for snapshots, dumped awake: a snapshot holds the engine's whole memory, a GPU"
+        " engine's device memory included; for a GPU engine add --enable-sleep-mode to runtime.extraArgs",
+    )
 
 
 def node_warming_condition(verdict: Verdict, warmth: Warmth) -> Condition:

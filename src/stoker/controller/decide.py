@@ -28,6 +28,7 @@ from stoker.controller.conditions import (
     progressing_condition,
     ready_condition,
     recording_condition,
+    snapshots_condition,
 )
 from stoker.controller.diagnose import STUCK_WAITING_REASONS, ObservedChildren, child_problems
 from stoker.controller.objects import facts_json, job_outcome, parse_time, still_running
@@ -68,7 +69,7 @@ from stoker.render import (
 from stoker.render.children import SERVING_KINDS, serving_kind
 from stoker.render.group import LWS_KIND
 from stoker.render.peers import Peer
-from stoker.render.snapshot import Snapshots
+from stoker.render.snapshot import Snapshots, not_snapshotted, sleeps
 
 Manifest = dict[str, Any]
 
@@ -512,6 +513,8 @@ def decide_status(
         warmer = outcome.children.get(("DaemonSet", node_warmer_name(svc.name)))
         warmth = node_warmth(snap.warming, warmer, snap.warmer_pods)
         conditions.append(node_warming_condition(snap.warming, warmth))
+    if snap.snapshots is not None:
+        conditions.append(snapshots_condition(not_snapshotted(svc), sleeps(svc)))
     events: list[Event] = []  # plan.events are the children's, posted when they were written
     if plan.seed_outcome == "failed" and _reason(status, "CacheSeeded") != "SeedFailed":
         events.append(Event("SeedFailed", f"Seed job {plan.seed_name} failed; replicas start cold", True))

@@ -31,7 +31,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypedDict
 
@@ -337,6 +337,21 @@ def put_back_link_remaps(image: Path, kept: list[HeldFile], root: Path) -> None:
         copy_in(image / LINK_REMAPS / str(number), root, held)
 
 
+def remove_link_remaps(kept: list[HeldFile], root: Path) -> None:
+    """The link remaps put back into `root` for a restore that did not take them."""
+    for held in kept:
+        directory, _, name = held["path"].rpartition("/")
+        try:
+            descriptor = open_inside(root, directory, os.O_RDONLY | os.O_DIRECTORY)
+        except SnapshotError:
+            continue
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=descriptor)
+        finally:
+            os.close(descriptor)
+
+
 def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     """Dump the engine (PID 1's only child) of `container`, which goes on serving, into `image`: its CUDA
     processes checkpointed by the driver for the dump (their device memory in their host memory, which CRIU
@@ -513,26 +528,36 @@ def restore(
     sources = plan.mapped_mounts(manifest["carried"], target, host)
     (target_root,) = [mount for mount in target if mount.mount_point == "/"]
     root = plan.host_path(target_root, host)
+    inside = PROC / str(init) / "root"
     for number, held in enumerate(manifest["files"]):
-        copy_in(image / FILES / str(number), PROC / str(init) / "root", held)
-    put_back_link_remaps(image, manifest.get("linkRemaps", []), PROC / str(init) / "root")
+        copy_in(image / FILES / str(number), inside, held)
+    link_remaps = manifest.get("linkRemaps", [])
     descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
     pipes: dict[str, int] = {}
     try:
         for fd, pipe in manifest["logPipes"].items():
             if pipe not in pipes:  # standard error the same pipe as the output: one descriptor
                 pipes[pipe] = log_pipe(init, int(fd))
-        argv = plan.restore_arguments(
-            criu, init, image, descriptors, pipes, root, sources, cgroup_of(init), "restore.log"
-        )
+
+        def attempt(number: int) -> bool:
+            # CRIU consumes the link remaps it links back, and a failed attempt may have: each gets them.
+            put_back_link_remaps(image, link_remaps, inside)
+            subprocess.run(plan.pid_counter_arguments(init, manifest["highestPid"]), check=True)
+            argv = plan.restore_arguments(
+                criu, init, image, descriptors, pipes, root, sources, cgroup_of(init), f"restore-{number}.log"
+            )
+            fds = (*descriptors.values(), *pipes.values())
+            return subprocess.run(argv, capture_output=True, pass_fds=fds).returncode == 0
+
         began = time.monotonic()
-        counter = plan.pid_counter_arguments(init, manifest["highestPid"])
-        attempts = attempt_restore(counter, argv, (*descriptors.values(), *pipes.values()))
+        attempts = attempt_restore(attempt)
     finally:
         for descriptor in (*descriptors.values(), *pipes.values()):
             os.close(descriptor)
     if attempts is None:
-        raise SnapshotError(f"criu restore failed {RESTORE_ATTEMPTS} times: {criu_log(image, 'restore.log')}")
+        remove_link_remaps(link_remaps, inside)  # a later dump of the target would trip over them
+        first, last = criu_log(image, "restore-1.log"), criu_log(image, f"restore-{RESTORE_ATTEMPTS}.log")
+        raise SnapshotError(f"criu restore failed {RESTORE_ATTEMPTS} times: first {first} ... last {last}")
     seconds = round(time.monotonic() - began, 3)
     engines = children(init)  # CRIU's own PIDs are the target namespace's; the host's is PID 1's child
     if len(engines) != 1:
@@ -576,14 +601,13 @@ def log_pipe(init: int, fd: int) -> int:
     return descriptor
 
 
-def attempt_restore(counter: list[str], argv: list[str], descriptors: tuple[int, ...]) -> int | None:
-    """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored. The target's PID
-    counter is moved past the tree's PIDs before each (`counter`): whatever the target's PID 1 started or
-    reaped since the last attempt, CRIU and its helpers take none of them."""
-    for attempt in range(1, RESTORE_ATTEMPTS + 1):
-        subprocess.run(counter, check=True)
-        if subprocess.run(argv, capture_output=True, pass_fds=descriptors).returncode == 0:
-            return attempt
+def attempt_restore(attempt: Callable[[int], bool]) -> int | None:
+    """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored. Each attempt moves
+    the target's PID counter past the tree's PIDs first: whatever the target's PID 1 started or reaped since
+    the last attempt, CRIU and its helpers take none of them."""
+    for number in range(1, RESTORE_ATTEMPTS + 1):
+        if attempt(number):
+            return number
         time.sleep(0.5)
     return None
 
