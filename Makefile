@@ -48,7 +48,7 @@ criu-build:
 
 # The real node's images (pause, stoker, vLLM CPU from the vllm-venv), built offline; where this machine
 # cannot run a real node, `hack/node check` says why and the real-node tests report it.
-node-images: node-build vllm-venv
+node-images: node-build vllm-venv criu-build
 	if hack/node check; then hack/node images; fi
 
 # Real vLLM (CPU build) of stoker's default version, for the live-engine e2e test; reused once installed.

@@ -369,6 +369,7 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
     assert host_paths == {
         "snapshots": {"path": "/var/lib/stoker/snapshots", "type": "DirectoryOrCreate"},
         "containerd": {"path": "/run/containerd", "type": "Directory"},
+        "containerd-root": {"path": "/var/lib/containerd", "type": "Directory"},
         "kubelet-pods": {"path": "/var/lib/kubelet/pods", "type": "Directory"},
         "cgroup": {"path": "/sys/fs/cgroup", "type": "Directory"},
     }
@@ -385,6 +386,7 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
     assert {name: mount.get("mountPropagation") for name, mount in mounts.items()} == {
         "snapshots": None,
         "containerd": "HostToContainer",
+        "containerd-root": "HostToContainer",
         "kubelet-pods": "HostToContainer",
         "cgroup": None,
         "control-key": None,
@@ -415,6 +417,7 @@ def test_snapshot_values_reach_the_agent_and_the_operator(helm: Helm) -> None:
         *("--set", "snapshot.offerBoundSeconds=30", "--set", "snapshot.image.tag=0.1.0-snapshot-agent"),
         *("--set", "snapshot.nodeSelector.gpu=yes", "--set", "snapshot.priorityClassName=critical"),
         *("--set", "snapshot.runtimeClassName=nvidia", "--set", "rbac.create=false"),
+        *("--set", "snapshot.hostPaths.containerdRoot=/var/lib/rancher/k3s/agent/containerd"),
     )
     (daemonset,) = of_kind(docs, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -428,6 +431,9 @@ def test_snapshot_values_reach_the_agent_and_the_operator(helm: Helm) -> None:
     assert container["image"] == "ghcr.io/stoker-dev/stoker:0.1.0-snapshot-agent"
     assert pod["nodeSelector"] == {"gpu": "yes"} and pod["priorityClassName"] == "critical"
     assert pod["runtimeClassName"] == "nvidia"
+    (root,) = [volume for volume in pod["volumes"] if volume["name"] == "containerd-root"]
+    (mount,) = [mount for mount in container["volumeMounts"] if mount["name"] == "containerd-root"]
+    assert root["hostPath"]["path"] == mount["mountPath"] == "/var/lib/rancher/k3s/agent/containerd"
     # rbac.create=false: the admin binds the agent's ServiceAccount.
     assert not [doc for doc in docs if doc["kind"].endswith(("Role", "RoleBinding")) and is_agents(doc)]
     assert snapshot_seconds(docs) == ["3", "60", "30"]

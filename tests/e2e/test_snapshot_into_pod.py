@@ -71,8 +71,36 @@ def criu() -> str:
     return built
 
 
+def snapshot_volumes(cluster: Cluster, engine_venv: Path) -> dict[str, Path]:
+    """The replicas' host volumes: a tiny model and stoker's programs, readable by anyone."""
+    models = cluster.work_dir / "volumes" / "snapshot-models"
+    if not (models / "tiny" / "config.json").exists():
+        subprocess.run(
+            [str(engine_venv / "bin" / "python"), tiny_model.__file__, models / "tiny"], check=True
+        )
+    programs = cluster.work_dir / "volumes" / "snapshot-programs"
+    shutil.rmtree(programs, ignore_errors=True)
+    copy_programs(programs)
+    for directory in (models, programs):
+        for path in [directory, *directory.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return {"models": models, "programs": programs}
+
+
+def init_events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, object]]:
+    """What the pod's engine_init said, from its log through the kubelet."""
+    log = kubectl("-n", namespace, "logs", name).stdout
+    prefix = engine_init.LINE_PREFIX
+    return [json.loads(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
+
+
 def pod(
-    name: str, key: str, placement: dict[str, Any], volumes: dict[str, Path], namespace: str
+    name: str,
+    key: str,
+    placement: dict[str, Any],
+    volumes: dict[str, Path],
+    namespace: str,
+    signing_key: str = SIGNING_KEY,
 ) -> dict[str, Any]:
     """A replica as the agent finds it: labelled with its service and cache key, signed with the operator's
     key, engine_init waiting up to 10 min for the agent's restore and offering a started engine for a dump
@@ -131,7 +159,7 @@ def pod(
         },
     }
     manifest["metadata"]["annotations"][trust.SIGNATURE_ANNOTATION] = trust.signature(
-        SIGNING_KEY, namespace, "tiny", key, manifest["spec"], ENGINE_CONTAINER
+        signing_key, namespace, "tiny", key, manifest["spec"], ENGINE_CONTAINER
     )
     return manifest
 
@@ -198,18 +226,7 @@ def namespaces_of(pid: int) -> dict[str, str]:
 def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_back(
     real_node: RealNode, cluster: Cluster, namespace: str, kubectl: Kubectl, engine_venv: Path, tmp_path: Path
 ) -> None:
-    models = cluster.work_dir / "volumes" / "snapshot-models"
-    if not (models / "tiny" / "config.json").exists():
-        subprocess.run(
-            [str(engine_venv / "bin" / "python"), tiny_model.__file__, models / "tiny"], check=True
-        )
-    programs = cluster.work_dir / "volumes" / "snapshot-programs"
-    shutil.rmtree(programs, ignore_errors=True)
-    copy_programs(programs)
-    for directory in (models, programs):
-        for path in [directory, *directory.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-    volumes = {"models": models, "programs": programs}
+    volumes = snapshot_volumes(cluster, engine_venv)
 
     def create(name: str, key: str) -> dict[str, Any]:
         kubectl(
@@ -231,11 +248,6 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         found = get_json(kubectl, "-n", namespace, "pod", name) or {}
         statuses = found.get("status", {}).get("containerStatuses") or [{}]
         return found if "running" in statuses[0].get("state", {}) else None
-
-    def init_events(name: str) -> list[dict[str, object]]:
-        log = kubectl("-n", namespace, "logs", name).stdout
-        prefix = engine_init.LINE_PREFIX
-        return [json.loads(line.removeprefix(prefix)) for line in log.splitlines() if line.startswith(prefix)]
 
     base = tmp_path / "snapshots"
     service = base / namespace / "tiny"
@@ -260,7 +272,7 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         src = create("src", KEY)
         wait_for(lambda: ready("src"), timeout=300, what="src Ready once it is dumped")
         assert (service / KEY / "stoker-snapshot.json").exists()
-        waiting, starting, offering, serving = init_events("src")
+        waiting, starting, offering, serving = init_events(kubectl, namespace, "src")
         assert waiting == {"event": "waiting", "seconds": 600.0}, waiting
         assert starting == {"event": "starting", "reason": plan.NO_SNAPSHOT}, starting
         assert str(offering["warmUp"]).startswith("one completion in"), offering  # served once: its own
@@ -273,7 +285,11 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         dst = create("dst", KEY)
         ip["dst"] = dst["status"]["podIP"]
         wait_for(lambda: ready("dst"), timeout=120, what="dst Ready by the kubelet's probe, restored")
-        assert [event["event"] for event in init_events("dst")] == ["waiting", "restoring", "restored"]
+        assert [event["event"] for event in init_events(kubectl, namespace, "dst")] == [
+            "waiting",
+            "restoring",
+            "restored",
+        ]
         dst_init = container_init(dst["status"]["containerStatuses"][0]["containerID"].partition("://")[2])
         (engine,) = children(dst_init)  # PID 1's child, as the engine was in src: PID 1 reaps it
         assert namespaces_of(engine) == namespaces_of(dst_init)
@@ -291,8 +307,15 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         copy = forged(pod("dst", KEY, real_node.placement(), volumes, namespace), "forged")
         kubectl("-n", namespace, "apply", "-f", "-", input=json.dumps(copy))
         wait_for(lambda: started("forged"), timeout=120, what="forged running")
-        wait_for(lambda: len(init_events("forged")) >= 2, timeout=60, what="forged started its own")
-        assert init_events("forged")[1] == {"event": "starting", "reason": "no restore claimed within 3 s"}
+        wait_for(
+            lambda: len(init_events(kubectl, namespace, "forged")) >= 2,
+            timeout=60,
+            what="forged started its own",
+        )
+        assert init_events(kubectl, namespace, "forged")[1] == {
+            "event": "starting",
+            "reason": "no restore claimed within 3 s",
+        }
 
         # A snapshot CRIU cannot restore (its memory pages gone): the replica starts its engine as any does,
         # its log says why, and it is dumped in place of the broken snapshot.
@@ -302,7 +325,7 @@ def test_the_agent_dumps_a_keys_first_replica_and_restores_the_next_or_falls_bac
         fallback = create("fallback", BROKEN_KEY)
         ip["fallback"] = fallback["status"]["podIP"]
         wait_for(lambda: ready("fallback"), timeout=300, what="fallback Ready by its own start, then dumped")
-        _, restoring, starting, offering, serving = init_events("fallback")
+        _, restoring, starting, offering, serving = init_events(kubectl, namespace, "fallback")
         assert restoring["event"] == "restoring" and starting["event"] == "starting", (restoring, starting)
         assert str(starting["reason"]).startswith("restore failed: criu restore failed 3 times"), starting
         assert serving == {"event": "serving", "dump": "dumped"}, serving

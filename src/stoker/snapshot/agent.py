@@ -364,6 +364,11 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     mounts = plan.parse_mountinfo((PROC / str(engine) / "mountinfo").read_text())
     carried = plan.carried_mounts(mounts)
     upper = Path(plan.upper_directory(mounts))
+    if not upper.is_dir():  # else every file the engine changed would pass for the image's own
+        raise SnapshotError(
+            f"the container's own changes ({upper}) are not reachable here: the agent needs the container"
+            " runtime's root (snapshot.hostPaths.containerdRoot)"
+        )
     root = PROC / str(init) / "root"
     pids = tree(engine)
     holding = held_paths(pids)
