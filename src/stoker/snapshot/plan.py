@@ -182,6 +182,10 @@ def dump_arguments(
         str(image),
         *CRIU_FILE_OPTIONS,
         "--leave-running",
+        # The engine's connections frozen by nftables through the library CRIU links (the iptables way runs
+        # iptables-restore, which the agent's image does not have).
+        "--network-lock",
+        "nftables",
         "--action-script",
         action_script,
         *(argument for entry in external for argument in ("--external", entry)),
