@@ -371,6 +371,7 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
         "containerd": {"path": "/run/containerd", "type": "Directory"},
         "containerd-root": {"path": "/var/lib/containerd", "type": "Directory"},
         "kubelet-pods": {"path": "/var/lib/kubelet/pods", "type": "Directory"},
+        "host-root": {"path": "/", "type": "Directory"},
         "cgroup": {"path": "/sys/fs/cgroup", "type": "Directory"},
     }
     assert volumes["control-key"] == {
@@ -381,13 +382,15 @@ def test_snapshot_agent_has_exactly_its_privileges(helm: Helm) -> None:
     mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
     assert mounts.keys() == volumes.keys()
     for name, host_path in host_paths.items():  # at the host's own paths, as CRIU finds them
-        assert mounts[name]["mountPath"] == host_path["path"] and not mounts[name].get("readOnly")
+        where = "/host" if name == "host-root" else host_path["path"]
+        assert mounts[name]["mountPath"] == where and not mounts[name].get("readOnly")
     # The containers' roots and volumes, mounted after the agent started.
     assert {name: mount.get("mountPropagation") for name, mount in mounts.items()} == {
         "snapshots": None,
         "containerd": "HostToContainer",
         "containerd-root": "HostToContainer",
         "kubelet-pods": "HostToContainer",
+        "host-root": None,
         "cgroup": None,
         "control-key": None,
     }

@@ -110,11 +110,11 @@ def test_the_charts_agent_dumps_a_keys_first_replica_and_restores_the_next_from_
         assert before is not None
 
         dst = create("dst", key)
-        assert [event["event"] for event in init_events(kubectl, namespace, "dst")] == [
-            "waiting",
-            "restoring",
-            "restored",
-        ]
+        said = init_events(kubectl, namespace, "dst")
+        assert [event["event"] for event in said] == ["waiting", "restoring", "restored"], (
+            said,
+            agent_steps(),
+        )
         restore = agent_steps()[2]
         assert (restore["action"], restore["pod"], "error" in restore) == (
             "restore",

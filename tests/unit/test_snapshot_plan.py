@@ -118,8 +118,9 @@ def test_criu_is_asked_for_the_external_namespaces_mounts_and_log_pipes_and_thei
     )
     assert dump == [
         "criu", "dump", "-t", "42", "-D", "/s/img", "--tcp-established", "--link-remap", "--leave-running",
-        "--network-lock", "nftables", "--action-script", "/s/img/keep", "--external", "net[9]:netns", "--external", "pid[7]:pidns",
-        "--external", "mnt[/etc/hosts]:m0", "--external", "mnt[/cache]:m1", "-o", "d.log",
+        "--network-lock", "nftables", "--action-script", "/s/img/keep",
+        "--external", "net[9]:netns", "--external", "pid[7]:pidns", "--external", "mnt[/etc/hosts]:m0",
+        "--external", "mnt[/cache]:m1", "-o", "d.log",
     ]  # fmt: skip
     restore = plan.restore_arguments(
         "criu", 77, Path("/s/img"), {"pid": 5, "net": 6}, {"pipe:[31]": 8, "pipe:[30]": 7}, "/rootfs",
