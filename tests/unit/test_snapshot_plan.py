@@ -164,6 +164,10 @@ def test_the_target_pid_counter_is_moved_past_the_trees_pids_before_criu_runs_in
     assert plan.pid_counter_arguments(77, 412) == [
         "nsenter", "--target=77", "--pid", "--", "sh", "-c", "echo 412 > /proc/sys/kernel/ns_last_pid",
     ]  # fmt: skip
+    # The source's counter, read in its namespace once the dump is over: above every PID in the image.
+    assert plan.last_pid_arguments(42) == [
+        "nsenter", "--target=42", "--pid", "--", "cat", "/proc/sys/kernel/ns_last_pid",
+    ]  # fmt: skip
 
 
 def handshake(name, namespace="team-a", key="ab12cd34", decision=None, offered=False, dump=None):

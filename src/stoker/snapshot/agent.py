@@ -142,13 +142,11 @@ def tree(root: int) -> list[int]:
     return pids
 
 
-def highest_pid(pids: list[int]) -> int:
-    """The largest PID or thread ID of `pids` and their threads, as their own PID namespace numbers them."""
-    return max(
-        int(namespace_pids(task / "status")[-1])
-        for pid in pids
-        for task in (PROC / str(pid) / "task").iterdir()
-    )
+def last_pid(init: int) -> int:
+    """The last PID the namespace of the container whose PID 1 is `init` handed out: above every PID and
+    thread ID of a tree dumped in it before now (a thread that ended right after the dump included)."""
+    done = subprocess.run(plan.last_pid_arguments(init), capture_output=True, text=True, check=True)
+    return int(done.stdout)
 
 
 def held_paths(pids: list[int]) -> set[str]:
@@ -411,7 +409,7 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
         manifest = {
             "carried": carried,
             "files": files,
-            "highestPid": highest_pid(pids),
+            "highestPid": last_pid(init),
             "logPipes": log_pipes,
             "gpus": gpus,
             "linkRemaps": kept_link_remaps(image),

@@ -257,6 +257,11 @@ def pid_counter_arguments(target_init: int, highest: int) -> list[str]:
     ]
 
 
+def last_pid_arguments(target_init: int) -> list[str]:
+    """Reads the target PID namespace's PID counter (the reader's own namespace's, as for the writer)."""
+    return ["nsenter", f"--target={target_init}", "--pid", "--", "cat", NS_LAST_PID]
+
+
 def image_directory(base: Path, namespace: str, service: str, cache_key: str) -> Path:
     """A snapshot's directory: one per namespace, service and cache key, so that two namespaces (or two
     services) that share a cache key never share a snapshot, and no name can lead out of `base`."""
