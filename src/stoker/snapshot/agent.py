@@ -500,7 +500,16 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
         if not engine_init.create_once(engine_init.DECISION, engine_init.RESTORE, dir_fd=directory):
             raise SnapshotError(f"{container} started its engine already (or was claimed): not restored")
         try:
-            restored = restore(image, manifest, container, init, criu)
+            # Waiting while engine_init has written no outcome (it abandons the claim after its bound and
+            # starts its own engine, which nothing of the restore may touch).
+            restored = restore(
+                image,
+                manifest,
+                container,
+                init,
+                criu,
+                lambda: read_small(directory, engine_init.OUTCOME) is None,
+            )
         except FAILURES as failed:
             engine_init.create_once(
                 engine_init.OUTCOME, f"{engine_init.FAILED} {told(failed)}", dir_fd=directory
@@ -517,7 +526,7 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
 
 
 def restore(
-    image: Path, manifest: dict[str, Any], container: str, init: int, criu: str
+    image: Path, manifest: dict[str, Any], container: str, init: int, criu: str, waiting: Callable[[], bool]
 ) -> dict[str, int | float]:
     """Restore `image` into `container` (PID 1 `init`): its namespaces, root and cgroup, its engine then
     PID 1's child, its CUDA processes back on the GPU the container has (another than the source's: the
@@ -553,14 +562,25 @@ def restore(
             return subprocess.run(argv, capture_output=True, pass_fds=fds).returncode == 0
 
         began = time.monotonic()
-        attempts = attempt_restore(attempt)
+
+        def cleared() -> bool:
+            if not waiting():
+                return False
+            end_leftovers(init)
+            return True
+
+        attempts = attempt_restore(attempt, cleared)
     finally:
         for descriptor in (*descriptors.values(), *pipes.values()):
             os.close(descriptor)
     if attempts is None:
         remove_link_remaps(link_remaps, inside)  # a later dump of the target would trip over them
         first, last = criu_log(image, "restore-1.log"), criu_log(image, f"restore-{RESTORE_ATTEMPTS}.log")
-        raise SnapshotError(f"criu restore failed {RESTORE_ATTEMPTS} times: first {first} ... last {last}")
+        taken = re.search(r"Can't fork for ([0-9]+)", last)
+        held = f" ({holder(init, int(taken.group(1)))})" if taken else ""
+        raise SnapshotError(
+            f"criu restore failed {RESTORE_ATTEMPTS} times{held}: first {first} ... last {last}"
+        )
     seconds = round(time.monotonic() - began, 3)
     engines = children(init)  # CRIU's own PIDs are the target namespace's; the host's is PID 1's child
     if len(engines) != 1:
@@ -581,6 +601,23 @@ def restore(
         "cudaResumeSeconds": round(time.monotonic() - resuming, 3),
         "gpusRemapped": len(remap),
     }
+
+
+def holder(init: int, pid: int) -> str:
+    """What has PID `pid` in the PID namespace of `init` (a restore found it taken), from /proc."""
+    namespace = os.readlink(PROC / str(init) / "ns" / "pid")
+    for entry in PROC.iterdir():
+        try:
+            if not entry.name.isdigit() or os.readlink(entry / "ns" / "pid") != namespace:
+                continue
+            for task in (entry / "task").iterdir():
+                if namespace_pids(task / "status")[-1] == str(pid):
+                    return (
+                        f"{pid} is {(task / 'stat').read_text()[:150].strip()}, of host process {entry.name}"
+                    )
+        except OSError:
+            continue
+    return f"{pid} is free now"
 
 
 def end_tree(pids: list[int]) -> None:
@@ -604,15 +641,34 @@ def log_pipe(init: int, fd: int) -> int:
     return descriptor
 
 
-def attempt_restore(attempt: Callable[[int], bool]) -> int | None:
+def attempt_restore(attempt: Callable[[int], bool], cleared: Callable[[], bool]) -> int | None:
     """The attempts `criu restore` took, or None if none of RESTORE_ATTEMPTS restored. Each attempt moves
     the target's PID counter past the tree's PIDs first: whatever the target's PID 1 started or reaped since
-    the last attempt, CRIU and its helpers take none of them."""
+    the last attempt, CRIU and its helpers take none of them; after a failed one, `cleared` ends what it
+    left in the target (a task of the tree still alive holds its PID), or says the target waits no more."""
     for number in range(1, RESTORE_ATTEMPTS + 1):
         if attempt(number):
             return number
+        if not cleared():
+            return None
         time.sleep(0.5)
     return None
+
+
+def end_leftovers(init: int) -> None:
+    """Kill every process in the PID namespace of `init` but `init` itself: while the target waits for a
+    restore nothing else runs there, so anything found was left by a failed attempt; its PID 1 reaps it."""
+    namespace = os.readlink(PROC / str(init) / "ns" / "pid")
+    for entry in PROC.iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and int(entry.name) != init
+                and os.readlink(entry / "ns" / "pid") == namespace
+            ):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def first_word(directory: int, name: str) -> str | None:
