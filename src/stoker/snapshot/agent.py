@@ -546,12 +546,14 @@ def restore(
     link_remaps = manifest.get("linkRemaps", [])
     descriptors = {kind: os.open(PROC / str(init) / "ns" / kind, os.O_RDONLY) for kind in ("pid", "net")}
     pipes: dict[str, int] = {}
+    made: list[int] = []
     try:
         for fd, pipe in manifest["logPipes"].items():
             if pipe not in pipes:  # standard error the same pipe as the output: one descriptor
                 pipes[pipe] = log_pipe(init, int(fd))
 
         def attempt(number: int) -> bool:
+            made.append(number)
             # CRIU consumes the link remaps it links back, and a failed attempt may have: each gets them.
             put_back_link_remaps(image, link_remaps, inside)
             subprocess.run(plan.pid_counter_arguments(init, manifest["highestPid"]), check=True)
@@ -575,12 +577,10 @@ def restore(
             os.close(descriptor)
     if attempts is None:
         remove_link_remaps(link_remaps, inside)  # a later dump of the target would trip over them
-        first, last = criu_log(image, "restore-1.log"), criu_log(image, f"restore-{RESTORE_ATTEMPTS}.log")
+        first, last = criu_log(image, "restore-1.log"), criu_log(image, f"restore-{made[-1]}.log")
         taken = re.search(r"Can't fork for ([0-9]+)", last)
         held = f" ({holder(init, int(taken.group(1)))})" if taken else ""
-        raise SnapshotError(
-            f"criu restore failed {RESTORE_ATTEMPTS} times{held}: first {first} ... last {last}"
-        )
+        raise SnapshotError(f"criu restore failed {len(made)} times{held}: first {first} ... last {last}")
     seconds = round(time.monotonic() - began, 3)
     engines = children(init)  # CRIU's own PIDs are the target namespace's; the host's is PID 1's child
     if len(engines) != 1:
