@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from stoker.inpod.engine_init import ended_children
 from stoker.snapshot import plan
 from stoker.snapshot.agent import held_paths, kept_link_remaps, link_remap_action, put_back_link_remaps, tree
 from stoker.snapshot.plan import CRIU_FILE_OPTIONS
@@ -123,13 +124,8 @@ def reap_orphans() -> None:
     """Reap every child of this process that has ended. A driver that makes itself the subreaper of what it
     starts (PR_SET_CHILD_SUBREAPER) gets the orphans of a stopped tree and of CRIU's failed attempts: as
     zombies they would keep PIDs that a restore of the tree needs, on a host whose PID 1 reaps slowly."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for _ in ended_children():
+        pass
 
 
 def restore(image: Path, name: str, options: Sequence[str] = ()) -> tuple[int, int]:

@@ -59,7 +59,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import NamedTuple
 
@@ -137,7 +137,9 @@ def create_once(name: str, text: str, dir_fd: int | None = None) -> bool:
 ended: dict[int, int] = {}
 
 
-def reap_ended() -> None:
+def ended_children() -> Iterator[tuple[int, int]]:
+    """Reap each child of this process that has ended: its PID and wait status. Shared with the GPU benchmark,
+    which reaps what it is the subreaper of the same way."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -145,7 +147,11 @@ def reap_ended() -> None:
             return
         if pid == 0:
             return
-        ended[pid] = status
+        yield pid, status
+
+
+def reap_ended() -> None:
+    ended.update(ended_children())
 
 
 def settled(

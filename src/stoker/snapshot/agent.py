@@ -385,12 +385,12 @@ def dump(image: Path, container: str, criu: str) -> dict[str, object]:
     shutil.rmtree(image, ignore_errors=True)
     image.mkdir(parents=True)
     try:
+        action = link_remap_action(image, root, plan.remap_directories(holding))
         checkpointed = cuda.holding(pids)
         began = time.monotonic()
         try:
             cuda.checkpoint(checkpointed)
             checkpoint_seconds = time.monotonic() - began
-            action = link_remap_action(image, root, plan.remap_directories(holding))
             done = subprocess.run(
                 plan.dump_arguments(criu, engine, image, namespaces, carried, "dump.log", action),
                 capture_output=True,
