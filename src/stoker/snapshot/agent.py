@@ -496,6 +496,10 @@ def restore_into_pod(image: Path, container: str, criu: str, handshake: str) -> 
     `image` into it and tell engine_init the outcome."""
     manifest = completed_manifest(image)  # no snapshot: the pod is left to its normal start
     init = container_init(container)
+    # A waiting engine_init has no child: a restore beside a running engine would overwrite the files it
+    # uses (its /dev/shm) whatever the handshake files say.
+    if children(init):
+        raise SnapshotError(f"{container} started its engine already (its PID 1 has a child): not restored")
     with handshake_directory(init, handshake) as directory:
         if not engine_init.create_once(engine_init.DECISION, engine_init.RESTORE, dir_fd=directory):
             raise SnapshotError(f"{container} started its engine already (or was claimed): not restored")
