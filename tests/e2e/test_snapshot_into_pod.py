@@ -51,14 +51,7 @@ SIGNING_KEY = "test-control-key-0123456789"
 BROKEN_KEY = "fedcba9876543210"
 GATE_PORT = 8001
 SERVE = "vllm serve /models/tiny --port 8000 --served-model-name tiny --max-model-len 256"
-# A process of the engine's tree holding a named POSIX semaphore, as vLLM's GPU engine does: glibc creates it
-# under a temporary name and links it to its own, so the process maps a file unlinked by the name it holds,
-# which CRIU link-remaps and, for a tree left running, deletes at the dump's end (the agent keeps it).
-SEMAPHORE_HOLDER = (
-    "import ctypes, os, time; libc = ctypes.CDLL('libc.so.6'); libc.sem_open.restype = ctypes.c_void_p; "
-    "libc.sem_open(b'/stoker-e2e', os.O_CREAT, 0o600, 1); time.sleep(10**6)"
-)
-ENGINE = ["sh", "-c", f'python3 -c "{SEMAPHORE_HOLDER}" & exec {SERVE}']
+ENGINE = SERVE.split()
 
 
 def criu() -> str:
